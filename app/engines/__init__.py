@@ -1,0 +1,1 @@
+"""Engines: things that turn prompt token ids into streamed output token ids."""

@@ -1,0 +1,81 @@
+"""The contract every engine implements.
+
+An engine knows nothing about Harmony, HTTP or the event log: it receives prompt token ids and
+streams back new token ids. The service renders prompts and decodes output (``domain.prompt`` and
+``domain.decoder``), so the echo, scripted and vLLM engines are interchangeable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+FinishReason = Literal["stop", "length", "abort", "error"]
+
+
+@dataclass(frozen=True, slots=True)
+class Sampling:
+    """What the service asks of one generation."""
+
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    # Always set by the service: the ids of <|return|> and <|call|>.
+    stop_token_ids: tuple[int, ...] = ()
+    # token id -> bias; lets tests force a stop token on a random-weight model.
+    logit_bias: dict[int, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineChunk:
+    """New output token ids; the last chunk of a generation carries ``finish_reason``.
+
+    ``finish_reason``: ``stop`` (a stop token ended it; the stop token is included in
+    ``token_ids``), ``length`` (``max_tokens`` reached), ``abort`` (``abort`` was called),
+    ``error`` (the engine failed; ``error`` says how).
+    """
+
+    token_ids: Sequence[int]
+    finish_reason: FinishReason | None = None
+    num_cached_tokens: int | None = None
+    error: str | None = None
+
+
+class EngineError(Exception):
+    """The engine cannot serve this request (bad prompt, engine dead)."""
+
+
+class PromptTooLong(EngineError):
+    def __init__(self, prompt_tokens: int, max_tokens: int | None, max_model_len: int) -> None:
+        super().__init__(
+            f"The prompt has {prompt_tokens} tokens and max_output_tokens is {max_tokens}; "
+            f"the model's context length is {max_model_len}."
+        )
+        self.prompt_tokens = prompt_tokens
+        self.max_tokens = max_tokens
+        self.max_model_len = max_model_len
+
+
+class Engine(Protocol):
+    """Streams token ids for a prompt. One instance serves many concurrent requests."""
+
+    #: Model names this engine answers to (the first one is the canonical name).
+    model_names: tuple[str, ...]
+    #: Largest valid token id + 1; prompt ids are checked against it before generate().
+    vocab_size: int
+    #: Context length (prompt + output), or None when unbounded.
+    max_model_len: int | None
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    def healthy(self) -> bool: ...
+
+    def generate(
+        self, prompt_token_ids: Sequence[int], sampling: Sampling, request_id: str
+    ) -> AsyncIterator[EngineChunk]: ...
+
+    async def abort(self, request_id: str) -> None: ...
