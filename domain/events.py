@@ -1,0 +1,325 @@
+"""The events of a response's log, as values.
+
+One frozen dataclass per OpenAI Responses stream event that a gpt-oss server produces. Field names
+and shapes are exactly those of the ``openai.types.responses`` models of the pinned ``openai``
+package (3.57.0): an event's wire form is ``{"type": ..., <fields>}`` and validates against
+``ResponseStreamEvent``. ``sequence_number`` is the event's ``seq`` in the log.
+
+Nested objects (the ``response`` of lifecycle events, the ``item`` of item events, the ``part`` of
+content-part events) are kept in their wire (JSON) shape: they are built by :mod:`domain.builder`
+and only ever read back as data.
+
+How a cancelled stream ends: OpenAI's stream event union has no cancellation event (its webhook
+for the same moment is named ``response.cancelled``). A cancelled response's log ends with
+:class:`ResponseCancelled`, type ``response.cancelled``, whose ``response.status`` is
+``"cancelled"``. Clients that do not know the type (the OpenAI SDK parses it as an unknown event)
+still see the stream end, and ``GET`` returns the cancelled Response.
+
+Audit records (:class:`PromptTokens`, :class:`OutputTokens`, :class:`EngineFinished`) are not
+stream events: they never take a ``sequence_number`` and are never sent to stream clients.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar, TypeAlias
+
+__all__ = [
+    "LIFECYCLE_TYPES",
+    "TERMINAL_TYPES",
+    "AuditRecord",
+    "ContentPartAdded",
+    "ContentPartDone",
+    "CustomToolCallInputDelta",
+    "CustomToolCallInputDone",
+    "EngineFinished",
+    "Event",
+    "FunctionCallArgumentsDelta",
+    "FunctionCallArgumentsDone",
+    "Json",
+    "OutputItemAdded",
+    "OutputItemDone",
+    "OutputTextDelta",
+    "OutputTextDone",
+    "OutputTokens",
+    "PromptTokens",
+    "ReasoningTextDelta",
+    "ReasoningTextDone",
+    "ResponseCancelled",
+    "ResponseCompleted",
+    "ResponseCreated",
+    "ResponseFailed",
+    "ResponseInProgress",
+    "ResponseIncomplete",
+    "ResponseQueued",
+    "Terminal",
+    "event_class",
+]
+
+Json: TypeAlias = dict[str, Any]
+
+
+# -- response lifecycle ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseCreated:
+    type: ClassVar[str] = "response.created"
+    sequence_number: int
+    response: Json
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseQueued:
+    type: ClassVar[str] = "response.queued"
+    sequence_number: int
+    response: Json
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseInProgress:
+    type: ClassVar[str] = "response.in_progress"
+    sequence_number: int
+    response: Json
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseCompleted:
+    type: ClassVar[str] = "response.completed"
+    sequence_number: int
+    response: Json
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseIncomplete:
+    type: ClassVar[str] = "response.incomplete"
+    sequence_number: int
+    response: Json
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseFailed:
+    type: ClassVar[str] = "response.failed"
+    sequence_number: int
+    response: Json
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseCancelled:
+    type: ClassVar[str] = "response.cancelled"
+    sequence_number: int
+    response: Json
+
+
+# -- items -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class OutputItemAdded:
+    type: ClassVar[str] = "response.output_item.added"
+    sequence_number: int
+    output_index: int
+    item: Json
+
+
+@dataclass(frozen=True, slots=True)
+class OutputItemDone:
+    type: ClassVar[str] = "response.output_item.done"
+    sequence_number: int
+    output_index: int
+    item: Json
+
+
+@dataclass(frozen=True, slots=True)
+class ContentPartAdded:
+    type: ClassVar[str] = "response.content_part.added"
+    sequence_number: int
+    item_id: str
+    output_index: int
+    content_index: int
+    part: Json
+
+
+@dataclass(frozen=True, slots=True)
+class ContentPartDone:
+    type: ClassVar[str] = "response.content_part.done"
+    sequence_number: int
+    item_id: str
+    output_index: int
+    content_index: int
+    part: Json
+
+
+# -- deltas and their done events ----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class OutputTextDelta:
+    type: ClassVar[str] = "response.output_text.delta"
+    sequence_number: int
+    item_id: str
+    output_index: int
+    content_index: int
+    delta: str
+    logprobs: tuple[Json, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class OutputTextDone:
+    type: ClassVar[str] = "response.output_text.done"
+    sequence_number: int
+    item_id: str
+    output_index: int
+    content_index: int
+    text: str
+    logprobs: tuple[Json, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ReasoningTextDelta:
+    type: ClassVar[str] = "response.reasoning_text.delta"
+    sequence_number: int
+    item_id: str
+    output_index: int
+    content_index: int
+    delta: str
+
+
+@dataclass(frozen=True, slots=True)
+class ReasoningTextDone:
+    type: ClassVar[str] = "response.reasoning_text.done"
+    sequence_number: int
+    item_id: str
+    output_index: int
+    content_index: int
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class FunctionCallArgumentsDelta:
+    type: ClassVar[str] = "response.function_call_arguments.delta"
+    sequence_number: int
+    item_id: str
+    output_index: int
+    delta: str
+
+
+@dataclass(frozen=True, slots=True)
+class FunctionCallArgumentsDone:
+    type: ClassVar[str] = "response.function_call_arguments.done"
+    sequence_number: int
+    item_id: str
+    output_index: int
+    arguments: str
+
+
+@dataclass(frozen=True, slots=True)
+class CustomToolCallInputDelta:
+    type: ClassVar[str] = "response.custom_tool_call_input.delta"
+    sequence_number: int
+    item_id: str
+    output_index: int
+    delta: str
+
+
+@dataclass(frozen=True, slots=True)
+class CustomToolCallInputDone:
+    type: ClassVar[str] = "response.custom_tool_call_input.done"
+    sequence_number: int
+    item_id: str
+    output_index: int
+    input: str
+
+
+Terminal: TypeAlias = ResponseCompleted | ResponseIncomplete | ResponseFailed | ResponseCancelled
+
+Event: TypeAlias = (
+    ResponseCreated
+    | ResponseQueued
+    | ResponseInProgress
+    | ResponseCompleted
+    | ResponseIncomplete
+    | ResponseFailed
+    | ResponseCancelled
+    | OutputItemAdded
+    | OutputItemDone
+    | ContentPartAdded
+    | ContentPartDone
+    | OutputTextDelta
+    | OutputTextDone
+    | ReasoningTextDelta
+    | ReasoningTextDone
+    | FunctionCallArgumentsDelta
+    | FunctionCallArgumentsDone
+    | CustomToolCallInputDelta
+    | CustomToolCallInputDone
+)
+
+_CLASSES: dict[str, type[Any]] = {
+    cls.type: cls
+    for cls in (
+        ResponseCreated,
+        ResponseQueued,
+        ResponseInProgress,
+        ResponseCompleted,
+        ResponseIncomplete,
+        ResponseFailed,
+        ResponseCancelled,
+        OutputItemAdded,
+        OutputItemDone,
+        ContentPartAdded,
+        ContentPartDone,
+        OutputTextDelta,
+        OutputTextDone,
+        ReasoningTextDelta,
+        ReasoningTextDone,
+        FunctionCallArgumentsDelta,
+        FunctionCallArgumentsDone,
+        CustomToolCallInputDelta,
+        CustomToolCallInputDone,
+    )
+}
+
+TERMINAL_TYPES = frozenset(
+    {ResponseCompleted.type, ResponseIncomplete.type, ResponseFailed.type, ResponseCancelled.type}
+)
+LIFECYCLE_TYPES = frozenset(
+    {ResponseCreated.type, ResponseQueued.type, ResponseInProgress.type} | TERMINAL_TYPES
+)
+
+
+def event_class(type_: str) -> type[Any]:
+    """The event class for a stored ``type`` string; KeyError for an unknown type."""
+    return _CLASSES[type_]
+
+
+# -- audit records -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PromptTokens:
+    """The exact prompt token ids given to the engine."""
+
+    kind: ClassVar[str] = "prompt_token_ids"
+    token_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class OutputTokens:
+    """The raw token ids the engine produced, before any parsing."""
+
+    kind: ClassVar[str] = "output_token_ids"
+    token_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class EngineFinished:
+    """Why generation stopped, and whether malformed output had to be recovered."""
+
+    kind: ClassVar[str] = "finish"
+    finish_reason: str
+    recovered: bool = False
+    detail: str | None = None
+
+
+AuditRecord: TypeAlias = PromptTokens | OutputTokens | EngineFinished
