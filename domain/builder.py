@@ -1,0 +1,318 @@
+"""Turning "what the model is doing" into valid events.
+
+The generation task (through :mod:`domain.decoder`) says *open reasoning*, *append text*, *open a
+message with phase*, *open a function call*, *close the item*, *finish with reason*; the
+:class:`ResponseBuilder` turns that into the OpenAI stream events, owning ``sequence_number``,
+``output_index``, ``content_index`` and id minting. Ids and timestamps come from the caller
+(``new_id`` and the ``created_at`` / ``completed_at`` arguments) so the domain stays deterministic.
+
+Every event the builder makes goes through :func:`domain.machine.apply` before it is handed out,
+so a builder can never produce a log that the state machine rejects.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from domain.events import (
+    ContentPartAdded,
+    ContentPartDone,
+    CustomToolCallInputDelta,
+    CustomToolCallInputDone,
+    Event,
+    FunctionCallArgumentsDelta,
+    FunctionCallArgumentsDone,
+    Json,
+    OutputItemAdded,
+    OutputItemDone,
+    OutputTextDelta,
+    OutputTextDone,
+    ReasoningTextDelta,
+    ReasoningTextDone,
+    ResponseCancelled,
+    ResponseCompleted,
+    ResponseCreated,
+    ResponseFailed,
+    ResponseIncomplete,
+    ResponseInProgress,
+    ResponseQueued,
+)
+from domain.machine import INITIAL, LogState, apply
+
+__all__ = ["ItemStatus", "Phase", "ResponseBuilder", "TerminalStatus", "Usage", "usage_json"]
+
+Phase = Literal["commentary", "final_answer"]
+ItemStatus = Literal["completed", "incomplete"]
+TerminalStatus = Literal["completed", "incomplete", "failed", "cancelled"]
+
+_TERMINALS: dict[str, Any] = {
+    "completed": ResponseCompleted,
+    "incomplete": ResponseIncomplete,
+    "failed": ResponseFailed,
+    "cancelled": ResponseCancelled,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    input_tokens: int = 0
+    cached_tokens: int = 0
+    output_tokens: int = 0
+    reasoning_tokens: int = 0
+    cache_write_tokens: int = 0
+
+
+def usage_json(usage: Usage) -> Json:
+    """The wire ``usage`` object."""
+    return {
+        "input_tokens": usage.input_tokens,
+        "input_tokens_details": {
+            "cached_tokens": usage.cached_tokens,
+            "cache_write_tokens": usage.cache_write_tokens,
+        },
+        "output_tokens": usage.output_tokens,
+        "output_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
+        "total_tokens": usage.input_tokens + usage.output_tokens,
+    }
+
+
+class _Open:
+    """The item being written: its wire dict (as added) and the text chunks of its open part."""
+
+    __slots__ = ("content_index", "index", "item", "item_id", "kind", "parts", "text")
+
+    def __init__(self, item: Json, index: int) -> None:
+        self.item = item
+        self.item_id: str = item["id"]
+        self.kind: str = item["type"]
+        self.index = index
+        self.content_index = 0
+        self.parts: list[str] = []  # finished parts' texts
+        self.text: list[str] = []  # chunks of the open part (or of the call's input)
+
+
+class ResponseBuilder:
+    """Builds one response's log. Not thread-safe; one writer per response."""
+
+    def __init__(
+        self,
+        response: Json,
+        *,
+        new_id: Callable[[str], str],
+        encrypt_reasoning: Callable[[str], str] | None = None,
+    ) -> None:
+        """``response`` is the Response object as it is at creation (id, created_at, model and
+        the echoed request fields); the builder fills in ``status``, ``output``, ``usage`` and the
+        outcome fields."""
+        self._response = dict(response)
+        self._new_id = new_id
+        self._encrypt_reasoning = encrypt_reasoning
+        self._state: LogState = INITIAL
+        self._pending: list[Event] = []
+        self._done_items: list[Json] = []
+        self._open: _Open | None = None
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    @property
+    def state(self) -> LogState:
+        return self._state
+
+    @property
+    def response_id(self) -> str:
+        return str(self._response["id"])
+
+    @property
+    def open_item_type(self) -> str | None:
+        return self._open.kind if self._open else None
+
+    @property
+    def output(self) -> list[Json]:
+        """The finished output items so far."""
+        return list(self._done_items)
+
+    def take(self) -> list[Event]:
+        """The events made since the last call, in order."""
+        events, self._pending = self._pending, []
+        return events
+
+    def _emit(self, event: Event) -> None:
+        self._state = apply(self._state, event)
+        self._pending.append(event)
+
+    @property
+    def _seq(self) -> int:
+        return self._state.next_seq
+
+    def snapshot(self, status: str) -> Json:
+        response = copy.deepcopy(self._response)
+        response["status"] = status
+        response["output"] = copy.deepcopy(self._done_items)
+        return response
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def created(self, *, queued: bool = False) -> None:
+        status = "queued" if queued else "in_progress"
+        self._emit(ResponseCreated(self._seq, self.snapshot(status)))
+        if queued:
+            self._emit(ResponseQueued(self._seq, self.snapshot("queued")))
+
+    def in_progress(self) -> None:
+        self._emit(ResponseInProgress(self._seq, self.snapshot("in_progress")))
+
+    # -- items -----------------------------------------------------------------------------------
+
+    def _add(self, item: Json) -> _Open:
+        if self._open is not None:
+            self.close_item()
+        opened = _Open(item, len(self._done_items))
+        self._open = opened
+        self._emit(OutputItemAdded(self._seq, opened.index, copy.deepcopy(item)))
+        return opened
+
+    def _open_part(self, opened: _Open) -> None:
+        part: Json = (
+            {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+            if opened.kind == "message"
+            else {"type": "reasoning_text", "text": ""}
+        )
+        self._emit(ContentPartAdded(self._seq, opened.item_id, opened.index, opened.content_index, part))
+
+    def open_reasoning(self) -> str:
+        item: Json = {
+            "id": self._new_id("rs"),
+            "type": "reasoning",
+            "summary": [],
+            "content": [],
+            "status": "in_progress",
+        }
+        self._open_part(self._add(item))
+        return str(item["id"])
+
+    def open_message(self, phase: Phase = "final_answer") -> str:
+        item: Json = {
+            "id": self._new_id("msg"),
+            "type": "message",
+            "role": "assistant",
+            "status": "in_progress",
+            "content": [],
+            "phase": phase,
+        }
+        self._open_part(self._add(item))
+        return str(item["id"])
+
+    def open_function_call(self, name: str) -> str:
+        """Opens a ``function_call`` item; returns its ``call_id``."""
+        item: Json = {
+            "id": self._new_id("fc"),
+            "type": "function_call",
+            "status": "in_progress",
+            "call_id": self._new_id("call"),
+            "name": name,
+            "arguments": "",
+        }
+        self._add(item)
+        return str(item["call_id"])
+
+    def open_custom_tool_call(self, name: str) -> str:
+        """Opens a ``custom_tool_call`` item; returns its ``call_id``."""
+        item: Json = {
+            "id": self._new_id("ctc"),
+            "type": "custom_tool_call",
+            "call_id": self._new_id("call"),
+            "name": name,
+            "input": "",
+        }
+        self._add(item)
+        return str(item["call_id"])
+
+    def append(self, text: str) -> None:
+        """Append text to the open item: message text, reasoning text, call arguments or input."""
+        if not text:
+            return
+        opened = self._open
+        if opened is None:
+            raise ValueError("append() with no open item")
+        opened.text.append(text)
+        seq = self._state.next_seq
+        kind = opened.kind
+        event: Event
+        if kind == "message":
+            event = OutputTextDelta(seq, opened.item_id, opened.index, opened.content_index, text)
+        elif kind == "reasoning":
+            event = ReasoningTextDelta(seq, opened.item_id, opened.index, opened.content_index, text)
+        elif kind == "function_call":
+            event = FunctionCallArgumentsDelta(seq, opened.item_id, opened.index, text)
+        else:
+            event = CustomToolCallInputDelta(seq, opened.item_id, opened.index, text)
+        self._state = apply(self._state, event)
+        self._pending.append(event)
+
+    def open_text(self) -> str:
+        """The text of the open item's open part (or call input) so far."""
+        return "".join(self._open.text) if self._open else ""
+
+    def close_item(self, status: ItemStatus = "completed") -> Json | None:
+        """Close the open item (no-op when none is open); returns the finished item."""
+        opened = self._open
+        if opened is None:
+            return None
+        text = "".join(opened.text)
+        seq = self._seq
+        item = dict(opened.item)
+        if opened.kind in ("message", "reasoning"):
+            if opened.kind == "message":
+                part: Json = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+                self._emit(OutputTextDone(seq, opened.item_id, opened.index, opened.content_index, text))
+            else:
+                part = {"type": "reasoning_text", "text": text}
+                self._emit(
+                    ReasoningTextDone(seq, opened.item_id, opened.index, opened.content_index, text)
+                )
+            self._emit(ContentPartDone(self._seq, opened.item_id, opened.index, opened.content_index, part))
+            item["content"] = [part]
+            item["status"] = status
+            if opened.kind == "reasoning" and self._encrypt_reasoning is not None:
+                item["encrypted_content"] = self._encrypt_reasoning(text)
+        elif opened.kind == "function_call":
+            self._emit(FunctionCallArgumentsDone(seq, opened.item_id, opened.index, text))
+            item["arguments"] = text
+            item["status"] = status
+        else:
+            self._emit(CustomToolCallInputDone(seq, opened.item_id, opened.index, text))
+            item["input"] = text
+        self._open = None
+        self._done_items.append(item)
+        self._emit(OutputItemDone(self._seq, opened.index, copy.deepcopy(item)))
+        return item
+
+    # -- the end ---------------------------------------------------------------------------------
+
+    def finish(
+        self,
+        status: TerminalStatus,
+        *,
+        usage: Usage | None,
+        completed_at: int | None = None,
+        error: Json | None = None,
+        incomplete_reason: str | None = None,
+    ) -> Json:
+        """Close any open item and append the one terminal event; returns the final Response.
+
+        An item cut off by anything but success is closed ``incomplete``.
+        """
+        self.close_item("completed" if status == "completed" else "incomplete")
+        response = self.snapshot(status)
+        response["usage"] = usage_json(usage) if usage is not None else None
+        if status == "completed":
+            response["completed_at"] = completed_at
+        if status == "failed":
+            response["error"] = error or {"code": "server_error", "message": "generation failed"}
+        if status == "incomplete":
+            response["incomplete_details"] = {"reason": incomplete_reason or "max_output_tokens"}
+        self._emit(_TERMINALS[status](self._seq, response))
+        return response

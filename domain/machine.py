@@ -1,0 +1,321 @@
+"""The response state machine: which event may follow which.
+
+:func:`apply` checks one event against the state reached so far and returns the next state, or
+raises :class:`~domain.errors.InvariantViolation` naming the broken rule. It is pure; the builder
+runs every event it makes through it, and tests run whole logs through :func:`check_log`.
+
+Rules (``InvariantViolation.rule``):
+
+- ``seq_not_contiguous``: ``sequence_number`` must be 0, 1, 2, ... with no gap.
+- ``created_not_first`` / ``created_twice``: ``response.created`` opens every log, once.
+- ``bad_status_transition``: queued -> in_progress -> one terminal status; no going back.
+- ``event_after_terminal`` / ``second_terminal``: the terminal event is the last one.
+- ``terminal_while_item_open``: open items are closed before the terminal event.
+- ``terminal_status_mismatch``: ``response.completed`` carries ``status: "completed"``, etc.
+- ``item_already_open``: gpt-oss writes one message at a time, so the ledger opens one item at a
+  time (a deliberate narrowing of what the OpenAI stream format allows).
+- ``output_index_not_dense``: the n-th ``output_item.added`` has ``output_index`` n.
+- ``unknown_item_type``: only message, reasoning, function_call and custom_tool_call items.
+- ``delta_for_closed_item``: a delta, part or done event for an item that is not open.
+- ``wrong_event_for_item``: e.g. a text delta for a function call.
+- ``content_index_not_dense``: parts of an item are numbered 0, 1, ... and restart per item.
+- ``part_not_open`` / ``part_still_open``: text events need an open part; parts close before items.
+- ``item_id_changed`` / ``call_id_changed``: ids minted at ``added`` never change.
+- ``done_differs_from_deltas``: every ``.done`` value equals the concatenation of its deltas.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from typing import Any, assert_never
+
+from domain.errors import InvariantViolation
+from domain.events import (
+    ContentPartAdded,
+    ContentPartDone,
+    CustomToolCallInputDelta,
+    CustomToolCallInputDone,
+    Event,
+    FunctionCallArgumentsDelta,
+    FunctionCallArgumentsDone,
+    OutputItemAdded,
+    OutputItemDone,
+    OutputTextDelta,
+    OutputTextDone,
+    ReasoningTextDelta,
+    ReasoningTextDone,
+    ResponseCancelled,
+    ResponseCompleted,
+    ResponseCreated,
+    ResponseFailed,
+    ResponseIncomplete,
+    ResponseInProgress,
+    ResponseQueued,
+)
+
+__all__ = ["INITIAL", "LogState", "OpenItem", "apply", "check_log"]
+
+ITEM_TYPES = frozenset({"message", "reasoning", "function_call", "custom_tool_call"})
+_PART_TYPE = {"message": "output_text", "reasoning": "reasoning_text"}
+_TERMINAL_STATUS = {
+    ResponseCompleted: "completed",
+    ResponseIncomplete: "incomplete",
+    ResponseFailed: "failed",
+    ResponseCancelled: "cancelled",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class OpenItem:
+    """The item between its ``output_item.added`` and ``output_item.done``."""
+
+    output_index: int
+    item_id: str
+    item_type: str
+    call_id: str | None
+    #: Text of each content part so far; for calls, one entry: the arguments / input so far.
+    parts: tuple[str, ...]
+    part_open: bool = False
+    #: The open part's (or call's) ``.done`` text event was seen; no more deltas for it.
+    text_done: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class LogState:
+    next_seq: int = 0
+    status: str | None = None
+    items_added: int = 0
+    open_item: OpenItem | None = None
+    terminal: bool = False
+
+
+INITIAL = LogState()
+
+
+def _fail(rule: str, message: str) -> InvariantViolation:
+    return InvariantViolation(rule, message)
+
+
+def _open_item(state: LogState, item_id: str, output_index: int, what: str) -> OpenItem:
+    item = state.open_item
+    if item is None or item.item_id != item_id or item.output_index != output_index:
+        raise _fail(
+            "delta_for_closed_item",
+            f"{what} for item {item_id!r} at output_index {output_index}, which is not open",
+        )
+    return item
+
+
+def _text_target(
+    state: LogState, item_type: str, item_id: str, output_index: int, content_index: int, what: str
+) -> OpenItem:
+    item = _open_item(state, item_id, output_index, what)
+    if item.item_type != item_type:
+        raise _fail("wrong_event_for_item", f"{what} for a {item.item_type} item")
+    if not item.part_open or content_index != len(item.parts) - 1:
+        raise _fail("part_not_open", f"{what} for content_index {content_index}, which is not open")
+    if item.text_done:
+        raise _fail("delta_for_closed_item", f"{what} after the part's text was done")
+    return item
+
+
+def _call_target(state: LogState, item_type: str, item_id: str, output_index: int, what: str) -> OpenItem:
+    item = _open_item(state, item_id, output_index, what)
+    if item.item_type != item_type:
+        raise _fail("wrong_event_for_item", f"{what} for a {item.item_type} item")
+    if item.text_done:
+        raise _fail("delta_for_closed_item", f"{what} after the call's input was done")
+    return item
+
+
+def _append(state: LogState, item: OpenItem, delta: str) -> LogState:
+    parts = (*item.parts[:-1], item.parts[-1] + delta)
+    return replace(state, open_item=replace(item, parts=parts))
+
+
+def _check_done(expected: str, got: str, what: str) -> None:
+    if got != expected:
+        raise _fail(
+            "done_differs_from_deltas",
+            f"{what} is {got[:80]!r} but its deltas concatenate to {expected[:80]!r}",
+        )
+
+
+def _item_texts(item: dict[str, Any]) -> tuple[str, ...]:
+    if item["type"] in _PART_TYPE:
+        return tuple(part.get("text", "") for part in item.get("content") or ())
+    if item["type"] == "function_call":
+        return (item.get("arguments", ""),)
+    return (item.get("input", ""),)
+
+
+def _status_event(state: LogState, status: str, allowed_from: tuple[str, ...]) -> LogState:
+    if state.status not in allowed_from:
+        raise _fail("bad_status_transition", f"{state.status} -> {status}")
+    return replace(state, status=status)
+
+
+def apply(state: LogState, event: Event) -> LogState:
+    """Check ``event`` against ``state``; return the state after it."""
+    if state.terminal:
+        is_terminal = type(event) in _TERMINAL_STATUS
+        raise _fail(
+            "second_terminal" if is_terminal else "event_after_terminal",
+            f"{event.type} after the terminal event",
+        )
+    if event.sequence_number != state.next_seq:
+        raise _fail(
+            "seq_not_contiguous",
+            f"{event.type} has sequence_number {event.sequence_number}, expected {state.next_seq}",
+        )
+    if state.status is None and not isinstance(event, ResponseCreated):
+        raise _fail("created_not_first", f"{event.type} before response.created")
+    state = replace(state, next_seq=state.next_seq + 1)
+
+    match event:
+        case ResponseCreated():
+            if state.status is not None:
+                raise _fail("created_twice", "a second response.created")
+            status = event.response.get("status")
+            if status not in ("queued", "in_progress"):
+                raise _fail("bad_status_transition", f"created with status {status!r}")
+            return replace(state, status=status)
+        case ResponseQueued():
+            return _status_event(state, "queued", ("queued",))
+        case ResponseInProgress():
+            return _status_event(state, "in_progress", ("queued", "in_progress"))
+        case ResponseCompleted() | ResponseIncomplete() | ResponseFailed() | ResponseCancelled():
+            if state.open_item is not None:
+                raise _fail(
+                    "terminal_while_item_open",
+                    f"{event.type} while item {state.open_item.item_id!r} is open",
+                )
+            expected = _TERMINAL_STATUS[type(event)]
+            if event.response.get("status") != expected:
+                raise _fail(
+                    "terminal_status_mismatch",
+                    f"{event.type} carries status {event.response.get('status')!r}",
+                )
+            return replace(state, status=expected, terminal=True)
+        case OutputItemAdded():
+            if state.open_item is not None:
+                raise _fail("item_already_open", f"item {state.open_item.item_id!r} is still open")
+            if event.output_index != state.items_added:
+                raise _fail(
+                    "output_index_not_dense",
+                    f"output_index {event.output_index}, expected {state.items_added}",
+                )
+            item_type = event.item.get("type")
+            if item_type not in ITEM_TYPES:
+                raise _fail("unknown_item_type", f"item type {item_type!r}")
+            item = event.item
+            parts: tuple[str, ...] = (
+                () if item_type in _PART_TYPE else (_item_texts(item)[0],)
+            )
+            return replace(
+                state,
+                items_added=state.items_added + 1,
+                open_item=OpenItem(
+                    output_index=event.output_index,
+                    item_id=item["id"],
+                    item_type=item_type,
+                    call_id=item.get("call_id"),
+                    parts=parts,
+                ),
+            )
+        case OutputItemDone():
+            open_ = state.open_item
+            if open_ is None or open_.output_index != event.output_index:
+                raise _fail(
+                    "delta_for_closed_item",
+                    f"output_item.done for output_index {event.output_index}, which is not open",
+                )
+            if event.item.get("id") != open_.item_id:
+                raise _fail(
+                    "item_id_changed", f"item id {open_.item_id!r} became {event.item.get('id')!r}"
+                )
+            if event.item.get("call_id") != open_.call_id:
+                raise _fail(
+                    "call_id_changed",
+                    f"call_id {open_.call_id!r} became {event.item.get('call_id')!r}",
+                )
+            if open_.part_open:
+                raise _fail("part_still_open", "output_item.done while a content part is open")
+            _check_done("".join(open_.parts), "".join(_item_texts(event.item)), "output_item.done")
+            if len(_item_texts(event.item)) != len(open_.parts):
+                raise _fail("done_differs_from_deltas", "output_item.done has other content parts")
+            return replace(state, open_item=None)
+        case ContentPartAdded():
+            open_ = _open_item(state, event.item_id, event.output_index, "content_part.added")
+            part_type = _PART_TYPE.get(open_.item_type)
+            if part_type is None or event.part.get("type") not in (part_type, "refusal"):
+                raise _fail("wrong_event_for_item", f"a content part for a {open_.item_type} item")
+            if open_.part_open:
+                raise _fail("part_still_open", "content_part.added while another part is open")
+            if event.content_index != len(open_.parts):
+                raise _fail(
+                    "content_index_not_dense",
+                    f"content_index {event.content_index}, expected {len(open_.parts)}",
+                )
+            if event.part.get("text", ""):
+                raise _fail("done_differs_from_deltas", "a content part must start empty")
+            return replace(
+                state,
+                open_item=replace(open_, parts=(*open_.parts, ""), part_open=True, text_done=False),
+            )
+        case ContentPartDone():
+            open_ = _open_item(state, event.item_id, event.output_index, "content_part.done")
+            if not open_.part_open or event.content_index != len(open_.parts) - 1:
+                raise _fail("part_not_open", f"content_part.done for {event.content_index}")
+            _check_done(open_.parts[-1], event.part.get("text", ""), "content_part.done")
+            return replace(state, open_item=replace(open_, part_open=False, text_done=False))
+        case OutputTextDelta():
+            item = _text_target(
+                state, "message", event.item_id, event.output_index, event.content_index, event.type
+            )
+            return _append(state, item, event.delta)
+        case ReasoningTextDelta():
+            item = _text_target(
+                state, "reasoning", event.item_id, event.output_index, event.content_index, event.type
+            )
+            return _append(state, item, event.delta)
+        case OutputTextDone():
+            item = _text_target(
+                state, "message", event.item_id, event.output_index, event.content_index, event.type
+            )
+            _check_done(item.parts[-1], event.text, event.type)
+            return replace(state, open_item=replace(item, text_done=True))
+        case ReasoningTextDone():
+            item = _text_target(
+                state, "reasoning", event.item_id, event.output_index, event.content_index, event.type
+            )
+            _check_done(item.parts[-1], event.text, event.type)
+            return replace(state, open_item=replace(item, text_done=True))
+        case FunctionCallArgumentsDelta():
+            item = _call_target(state, "function_call", event.item_id, event.output_index, event.type)
+            return _append(state, item, event.delta)
+        case CustomToolCallInputDelta():
+            item = _call_target(
+                state, "custom_tool_call", event.item_id, event.output_index, event.type
+            )
+            return _append(state, item, event.delta)
+        case FunctionCallArgumentsDone():
+            item = _call_target(state, "function_call", event.item_id, event.output_index, event.type)
+            _check_done(item.parts[-1], event.arguments, event.type)
+            return replace(state, open_item=replace(item, text_done=True))
+        case CustomToolCallInputDone():
+            item = _call_target(
+                state, "custom_tool_call", event.item_id, event.output_index, event.type
+            )
+            _check_done(item.parts[-1], event.input, event.type)
+            return replace(state, open_item=replace(item, text_done=True))
+        case _:
+            assert_never(event)
+
+
+def check_log(events: Iterable[Event], state: LogState = INITIAL) -> LogState:
+    """Run a whole log (or a suffix, from ``state``) through the state machine."""
+    for event in events:
+        state = apply(state, event)
+    return state

@@ -1,0 +1,123 @@
+"""Property tests: any program of builder calls yields a log the state machine and SDK accept."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from openai.types.responses import Response, ResponseStreamEvent
+from pydantic import TypeAdapter
+
+from domain.builder import ResponseBuilder, Usage
+from domain.events import (
+    CustomToolCallInputDelta,
+    CustomToolCallInputDone,
+    Event,
+    FunctionCallArgumentsDelta,
+    FunctionCallArgumentsDone,
+    OutputItemDone,
+    OutputTextDelta,
+    OutputTextDone,
+    ReasoningTextDelta,
+    ReasoningTextDone,
+)
+from domain.machine import check_log
+from domain.projections import fold, from_wire, payload, to_wire
+from tests.domain.factories import make_builder
+
+
+def event_is_streamable(event: Event) -> bool:
+    return event.type != "response.cancelled"
+
+STREAM_EVENT = TypeAdapter(ResponseStreamEvent)
+
+text = st.text(min_size=0, max_size=12)
+step = st.one_of(
+    st.tuples(st.just("reasoning")),
+    st.tuples(st.just("message"), st.sampled_from(["final_answer", "commentary"])),
+    st.tuples(st.just("function"), st.from_regex(r"[a-z][a-z_.]{0,10}", fullmatch=True)),
+    st.tuples(st.just("custom"), st.from_regex(r"[a-z][a-z_]{0,10}", fullmatch=True)),
+    st.tuples(st.just("append"), text),
+    st.tuples(st.just("close"), st.sampled_from(["completed", "incomplete"])),
+)
+ending = st.sampled_from(["completed", "incomplete", "failed", "cancelled"])
+
+
+def run_program(program: list[tuple[Any, ...]], end: str, queued: bool) -> ResponseBuilder:
+    b = make_builder(background=queued)
+    b.created(queued=queued)
+    b.in_progress()
+    for op in program:
+        match op:
+            case ("reasoning",):
+                b.open_reasoning()
+            case ("message", phase):
+                b.open_message(phase)
+            case ("function", name):
+                b.open_function_call(name)
+            case ("custom", name):
+                b.open_custom_tool_call(name)
+            case ("append", chunk):
+                if b.open_item_type is not None:
+                    b.append(chunk)
+            case ("close", status):
+                b.close_item(status)
+    b.finish(end, usage=Usage(3, 1, 4, 2), completed_at=5)  # type: ignore[arg-type]
+    return b
+
+
+def _sdk_dump(event: Event) -> dict[str, Any]:
+    wire = to_wire(event)
+    if event.type == "response.cancelled":
+        # Not in the SDK's stream-event union (see domain.events): check its Response instead.
+        response = Response.model_validate(wire["response"]).model_dump(mode="json", exclude_unset=True)
+        assert Response.model_validate(response).status == "cancelled"
+        return {**wire, "response": response}
+    model = STREAM_EVENT.validate_python(wire)
+    return model.model_dump(mode="json", exclude_unset=True)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(step, max_size=30), ending, st.booleans())
+def test_builder_programs_make_valid_logs(program: list[tuple[Any, ...]], end: str, queued: bool) -> None:
+    events = run_program(program, end, queued).take()
+    final = check_log(events)
+    assert final.terminal and final.status == end
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    # deltas concatenate to their .done value, per item
+    deltas: dict[str, str] = {}
+    for e in events:
+        if isinstance(e, OutputTextDelta | ReasoningTextDelta | FunctionCallArgumentsDelta | CustomToolCallInputDelta):
+            deltas[e.item_id] = deltas.get(e.item_id, "") + e.delta
+        elif isinstance(e, OutputTextDone | ReasoningTextDone):
+            assert e.text == deltas.get(e.item_id, "")
+        elif isinstance(e, FunctionCallArgumentsDone):
+            assert e.arguments == deltas.get(e.item_id, "")
+        elif isinstance(e, CustomToolCallInputDone):
+            assert e.input == deltas.get(e.item_id, "")
+    # every prefix folds; the full fold is the terminal response and validates with the SDK
+    for i in range(1, len(events) + 1):
+        folded = fold(events[:i])
+        assert folded["id"] == "resp_test"
+    response = fold(events)
+    validated = Response.model_validate(response)
+    assert validated.status == end
+    # an item cut off by anything but success is incomplete
+    if end != "completed":
+        for e in events:
+            if isinstance(e, OutputItemDone) and e.item["type"] != "custom_tool_call":
+                assert e.item["status"] in ("completed", "incomplete")
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(step, max_size=20), ending)
+def test_events_validate_against_sdk_models_and_round_trip(program: list[tuple[Any, ...]], end: str) -> None:
+    events = run_program(program, end, False).take()
+    for e in events:
+        # model_validate on the exclude_unset dump: a missing required field fails here
+        dumped = _sdk_dump(e)
+        if event_is_streamable(e):
+            STREAM_EVENT.validate_python(dumped)
+        assert dumped["sequence_number"] == e.sequence_number
+        assert from_wire(e.type, e.sequence_number, payload(e)) == e
