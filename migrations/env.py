@@ -1,0 +1,88 @@
+"""Alembic environment, async, for SQLite and PostgreSQL.
+
+Two ways in:
+
+- the ``alembic`` command line (alembic.ini at the repository root): the URL comes from
+  ``-x url=...``, else ``$RESPONSES_LEDGER_DATABASE_URL``, else ``sqlalchemy.url``;
+- ``persistence.migrate`` (what the server runs on start): it passes an open connection in
+  ``config.attributes["connection"]`` so migrations run inside the caller's event loop.
+
+``render_as_batch`` is on for SQLite, whose ALTER TABLE cannot change most things. Views and
+triggers are created by the migrations and are not part of ``target_metadata``; autogenerate
+only compares tables, so ``alembic check`` reports table drift only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from logging.config import fileConfig
+
+from alembic import context
+from sqlalchemy.engine import Connection
+
+from persistence.database import create_engine
+from persistence.schema import metadata
+
+config = context.config
+
+if config.config_file_name is not None and "connection" not in config.attributes:
+    fileConfig(config.config_file_name, disable_existing_loggers=False)
+
+
+def _database_url() -> str:
+    url = context.get_x_argument(as_dictionary=True).get("url")
+    return (
+        url
+        or os.environ.get("RESPONSES_LEDGER_DATABASE_URL")
+        or str(config.get_main_option("sqlalchemy.url"))
+    )
+
+
+def _include_name(name: str | None, type_: str, _parent: object) -> bool:
+    # Only our tables: never the views (some dialects reflect them as tables) or alembic's own.
+    if type_ == "table":
+        return name in metadata.tables
+    return True
+
+
+def _run(connection: Connection) -> None:
+    context.configure(
+        connection=connection,
+        target_metadata=metadata,
+        render_as_batch=connection.dialect.name == "sqlite",
+        include_name=_include_name,
+        compare_type=True,
+    )
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+async def _run_async() -> None:
+    engine = create_engine(_database_url(), role="migrations")
+    try:
+        async with engine.connect() as connection:
+            await connection.run_sync(_run)
+            await connection.commit()
+    finally:
+        await engine.dispose()
+
+
+def _run_offline() -> None:
+    context.configure(
+        url=_database_url(),
+        target_metadata=metadata,
+        literal_binds=True,
+        dialect_opts={"paramstyle": "named"},
+        render_as_batch=True,
+    )
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+if context.is_offline_mode():
+    _run_offline()
+elif (shared := config.attributes.get("connection")) is not None:
+    _run(shared)
+else:
+    asyncio.run(_run_async())

@@ -1,0 +1,133 @@
+"""Database URLs and engines: the one place that knows SQLite needs hand-holding.
+
+SQLite (through aiosqlite):
+
+- WAL, so readers never block the writer; ``busy_timeout`` so a second process waits for the
+  write lock instead of failing; ``foreign_keys=ON`` so deleting a response cascades.
+- ``synchronous=FULL`` by default: every commit fsyncs the WAL, so an acknowledged event
+  survives a power cut. ``NORMAL`` (allowed, opt-in) fsyncs only at checkpoints: still safe
+  against a crashed *process*, but the last commits before a power cut or kernel panic may be
+  lost (the database stays consistent).
+- Transactions are begun by us, not by the sqlite3 module (which would only ``BEGIN`` before
+  the first INSERT, leaving earlier SELECTs outside the transaction). Writers use
+  ``BEGIN IMMEDIATE``: they take the write lock up front, so a check-then-insert is atomic and
+  never fails half way with ``SQLITE_BUSY``. Readers use a plain ``BEGIN`` (a snapshot).
+- The writer engine has one connection: SQLite has one writer at a time anyway.
+
+PostgreSQL (through asyncpg) needs none of this; one engine serves readers and the writer.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from sqlalchemy import event, make_url, pool
+from sqlalchemy.engine import URL
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+__all__ = [
+    "DEFAULT_DATABASE_URL",
+    "Role",
+    "Synchronous",
+    "async_url",
+    "create_engine",
+    "sqlite_path",
+]
+
+DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./data/responses.db"
+
+Role = Literal["writer", "reader", "migrations"]
+Synchronous = Literal["FULL", "NORMAL"]
+
+_ASYNC_DRIVERS = {"sqlite": "sqlite+aiosqlite", "postgresql": "postgresql+asyncpg"}
+
+
+def async_url(database_url: str | URL) -> URL:
+    """The URL with its async driver (``sqlite://`` -> ``sqlite+aiosqlite://``, and so on)."""
+    url = make_url(database_url)
+    backend = "postgresql" if url.get_backend_name() == "postgres" else url.get_backend_name()
+    if backend not in _ASYNC_DRIVERS:
+        raise ValueError(f"unsupported database {url.drivername!r}: use SQLite or PostgreSQL")
+    if url.get_driver_name() in ("", "pysqlite", "psycopg2", backend):
+        url = url.set(drivername=_ASYNC_DRIVERS[backend])
+    return url
+
+
+def sqlite_path(url: URL) -> Path | None:
+    """The file of a SQLite URL, or None for other databases; in-memory SQLite is refused
+    because every connection would see a different database."""
+    if url.get_backend_name() != "sqlite":
+        return None
+    database = url.database or ""
+    if database in ("", ":memory:") or database.startswith("file::memory:"):
+        raise ValueError("in-memory SQLite is not supported; use MemoryStore instead")
+    return Path(database)
+
+
+def create_engine(
+    database_url: str | URL,
+    *,
+    role: Role,
+    synchronous: Synchronous = "FULL",
+    busy_timeout_ms: int = 5000,
+    pool_size: int = 5,
+) -> AsyncEngine:
+    """An engine for one role; creates a SQLite file's parent directory."""
+    url = async_url(database_url)
+    path = sqlite_path(url)
+    if path is None:
+        return _postgres_engine(url, role=role, pool_size=pool_size)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if synchronous not in ("FULL", "NORMAL"):
+        raise ValueError(f"synchronous must be FULL or NORMAL, got {synchronous!r}")
+    return _sqlite_engine(
+        url,
+        role=role,
+        synchronous=synchronous,
+        busy_timeout_ms=int(busy_timeout_ms),
+        pool_size=pool_size,
+    )
+
+
+def _postgres_engine(url: URL, *, role: Role, pool_size: int) -> AsyncEngine:
+    if role == "migrations":
+        return create_async_engine(url, poolclass=pool.NullPool)
+    return create_async_engine(url, pool_size=pool_size, max_overflow=pool_size)
+
+
+def _sqlite_engine(
+    url: URL, *, role: Role, synchronous: Synchronous, busy_timeout_ms: int, pool_size: int
+) -> AsyncEngine:
+    if role == "migrations":
+        # Foreign keys stay OFF here: batch migrations recreate tables, and with them ON
+        # dropping a parent table would cascade-delete every event.
+        engine = create_async_engine(url, poolclass=pool.NullPool)
+        pragmas = [f"PRAGMA busy_timeout = {busy_timeout_ms}"]
+    else:
+        size = 1 if role == "writer" else pool_size
+        engine = create_async_engine(url, pool_size=size, max_overflow=0)
+        pragmas = [
+            f"PRAGMA busy_timeout = {busy_timeout_ms}",
+            "PRAGMA journal_mode = WAL",
+            f"PRAGMA synchronous = {synchronous}",
+            "PRAGMA foreign_keys = ON",
+        ]
+    begin = "BEGIN IMMEDIATE" if role == "writer" else "BEGIN"
+
+    def on_connect(dbapi_connection: Any, _record: object) -> None:
+        if role != "migrations":
+            dbapi_connection.isolation_level = None  # we emit BEGIN ourselves (see on_begin)
+        cursor = dbapi_connection.cursor()
+        for pragma in pragmas:
+            cursor.execute(pragma)
+        cursor.close()
+
+    event.listen(engine.sync_engine, "connect", on_connect)
+    if role != "migrations":
+
+        def on_begin(connection: Any) -> None:
+            connection.exec_driver_sql(begin)
+
+        event.listen(engine.sync_engine, "begin", on_begin)
+    return engine

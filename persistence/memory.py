@@ -1,0 +1,250 @@
+"""An event store held in this process: ``store=false`` responses, and the tests.
+
+It keeps the same contract as ``SqlStore`` (one contract suite runs against both), including
+its JSON semantics: payloads are kept as JSON text and decoded on every read, so what a caller
+gets back is a copy that equals what a SQL store would return.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from persistence.errors import ConcurrencyError, NotFound, StoreError
+from persistence.lifecycle import (
+    OUTPUT_ITEM_DONE,
+    TERMINAL_EVENT_TYPES,
+    initial_status,
+    row_update,
+)
+from persistence.records import (
+    AuditRecord,
+    ChainLink,
+    JsonObject,
+    NewResponse,
+    ResponseRow,
+    StoredEvent,
+    dump_json,
+    pack_token_ids,
+    unpack_token_ids,
+)
+from persistence.store import Order, check_submission
+
+__all__ = ["MemoryStore"]
+
+
+@dataclass(frozen=True, slots=True)
+class _Event:
+    seq: int
+    type: str
+    payload_json: str
+
+    def stored(self) -> StoredEvent:
+        return StoredEvent(self.seq, self.type, json.loads(self.payload_json), self.payload_json)
+
+
+@dataclass(frozen=True, slots=True)
+class _Audit:
+    kind: str
+    token_ids: bytes
+    detail_json: str | None
+
+    def record(self) -> AuditRecord:
+        detail = None if self.detail_json is None else json.loads(self.detail_json)
+        return AuditRecord(self.kind, unpack_token_ids(self.token_ids), detail)
+
+
+@dataclass(frozen=True, slots=True)
+class _InputItem:
+    id: str
+    item_json: str
+
+
+class MemoryStore:
+    """Every write is durable (for the life of the process) as soon as it is accepted."""
+
+    def __init__(self) -> None:
+        self._rows: dict[str, ResponseRow] = {}
+        self._events: dict[str, list[_Event]] = {}
+        self._audit: dict[str, list[_Audit]] = {}
+        self._inputs: dict[str, list[_InputItem]] = {}
+        self._secrets: dict[str, bytes] = {}
+        self._closed = False
+
+    async def create_response(self, new: NewResponse) -> None:
+        self._check_open()
+        if new.id in self._rows:
+            raise ConcurrencyError(f"response {new.id!r} already exists")
+        inputs = [_InputItem(str(item["id"]), dump_json(item)) for item in new.input_items]
+        self._rows[new.id] = ResponseRow(
+            id=new.id,
+            model=new.model,
+            status=initial_status(new.background),
+            created_at=new.created_at,
+            completed_at=None,
+            previous_response_id=new.previous_response_id,
+            background=new.background,
+            input_tokens=None,
+            output_tokens=None,
+            reasoning_tokens=None,
+            error_code=None,
+            incomplete_reason=None,
+            request=json.loads(dump_json(new.request)),
+            last_seq=-1,
+        )
+        self._events[new.id] = []
+        self._audit[new.id] = []
+        self._inputs[new.id] = inputs
+
+    def submit(
+        self, response_id: str, events: Sequence[StoredEvent], expected_seq: int
+    ) -> asyncio.Future[None]:
+        self._check_open()
+        check_submission(events, expected_seq)
+        encoded = [_Event(e.seq, e.type, e.payload_text()) for e in events]
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        try:
+            self._append(response_id, events, encoded, expected_seq)
+        except StoreError as exc:
+            future.set_exception(exc)
+        else:
+            future.set_result(None)
+        return future
+
+    def _append(
+        self,
+        response_id: str,
+        events: Sequence[StoredEvent],
+        encoded: list[_Event],
+        expected_seq: int,
+    ) -> None:
+        row = self._rows.get(response_id)
+        if row is None:
+            raise NotFound(f"no response {response_id!r}")
+        log = self._events[response_id]
+        if log and log[-1].type in TERMINAL_EVENT_TYPES:
+            raise ConcurrencyError(f"the log of {response_id!r} has ended")
+        if expected_seq != len(log):
+            raise ConcurrencyError(
+                f"response {response_id!r}: expected_seq {expected_seq}, next seq is {len(log)}"
+            )
+        log.extend(encoded)
+        for event in events:
+            update = row_update(event)
+            if update is not None:
+                row = dataclasses.replace(row, **dataclasses.asdict(update))
+        self._rows[response_id] = dataclasses.replace(row, last_seq=len(log) - 1)
+
+    async def append(
+        self, response_id: str, events: Sequence[StoredEvent], expected_seq: int
+    ) -> None:
+        await self.submit(response_id, events, expected_seq)
+
+    async def append_audit(self, response_id: str, records: Sequence[AuditRecord]) -> None:
+        self._check_open()
+        encoded = [
+            _Audit(
+                r.kind,
+                pack_token_ids(r.token_ids),
+                None if r.detail is None else dump_json(r.detail),
+            )
+            for r in records
+        ]
+        if response_id not in self._rows:
+            raise NotFound(f"no response {response_id!r}")
+        self._audit[response_id].extend(encoded)
+
+    async def load(self, response_id: str, after_seq: int | None = None) -> list[StoredEvent]:
+        self._check_open()
+        log = self._events.get(response_id, [])
+        start = 0 if after_seq is None else max(after_seq + 1, 0)
+        return [event.stored() for event in log[start:]]
+
+    async def get(self, response_id: str) -> ResponseRow | None:
+        self._check_open()
+        row = self._rows.get(response_id)
+        if row is None:
+            return None
+        return dataclasses.replace(row, request=json.loads(dump_json(row.request)))
+
+    async def load_chain(self, response_id: str) -> list[ChainLink]:
+        self._check_open()
+        links: list[ChainLink] = []
+        seen: set[str] = set()
+        current: str | None = response_id
+        while current is not None:
+            if current in seen:
+                raise StoreError(f"previous_response_id cycle at {current!r}")
+            seen.add(current)
+            row = await self.get(current)
+            if row is None:
+                raise NotFound(f"no response {current!r} (in the chain of {response_id!r})")
+            events = [
+                e.stored()
+                for e in self._events[current]
+                if e.type == OUTPUT_ITEM_DONE or e.type in TERMINAL_EVENT_TYPES
+            ]
+            items = [json.loads(i.item_json) for i in self._inputs[current]]
+            links.append(ChainLink(row, items, events))
+            current = row.previous_response_id
+        links.reverse()
+        return links
+
+    async def load_audit(self, response_id: str) -> list[AuditRecord]:
+        self._check_open()
+        return [a.record() for a in self._audit.get(response_id, [])]
+
+    async def delete(self, response_id: str) -> bool:
+        self._check_open()
+        if self._rows.pop(response_id, None) is None:
+            return False
+        del self._events[response_id], self._audit[response_id], self._inputs[response_id]
+        return True
+
+    async def list_input_items(
+        self, response_id: str, *, after: str | None, limit: int, order: Order
+    ) -> tuple[list[JsonObject], bool]:
+        self._check_open()
+        if limit < 1:
+            raise ValueError(f"limit must be >= 1, got {limit}")
+        items = self._inputs.get(response_id)
+        if items is None:
+            raise NotFound(f"no response {response_id!r}")
+        positions = list(range(len(items)))
+        if after is not None:
+            cursor = next((p for p, i in enumerate(items) if i.id == after), None)
+            if cursor is None:
+                raise NotFound(f"no input item {after!r} in response {response_id!r}")
+            positions = positions[cursor + 1 :] if order == "asc" else positions[:cursor]
+        if order == "desc":
+            positions.reverse()
+        page = [json.loads(items[p].item_json) for p in positions[:limit]]
+        return page, len(positions) > limit
+
+    async def unfinished(self) -> list[str]:
+        self._check_open()
+        return [
+            row.id
+            for row in sorted(self._rows.values(), key=lambda r: (r.created_at, r.id))
+            if not self._ended(row.id)
+        ]
+
+    def _ended(self, response_id: str) -> bool:
+        log = self._events[response_id]
+        return bool(log) and log[-1].type in TERMINAL_EVENT_TYPES
+
+    async def get_or_create_secret(self, name: str, factory: Callable[[], bytes]) -> bytes:
+        self._check_open()
+        if name not in self._secrets:
+            self._secrets[name] = bytes(factory())
+        return self._secrets[name]
+
+    async def close(self) -> None:
+        self._closed = True
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreError("the store is closed")

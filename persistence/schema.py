@@ -1,0 +1,136 @@
+"""The tables, as SQLAlchemy Core metadata: what migrations build and ``alembic check`` compares.
+
+Every response is an append-only log in ``response_events``; ``responses`` holds one row per
+response with the columns an operator filters on, updated in the same transaction as the
+lifecycle events that move it. Views (created by the migrations, not declared here) answer the
+common questions; see ``persistence/COOKBOOK.md``.
+
+Storage choices:
+
+- ``response_events`` is keyed by ``(response_id, seq)``: the key both orders a log and makes
+  two writers of the same ``seq`` collide. On SQLite the table is ``WITHOUT ROWID`` so the key
+  is the table (one B-tree, the response id is stored once per event, not twice).
+- Payloads are JSON text on SQLite (readable with ``sqlite3``, queried with ``json_extract``)
+  and JSONB on PostgreSQL (queried with ``->>``).
+- Times written by the store (``recorded_at``) are unix seconds as a double: one type on both
+  databases, sub-second, rendered as timestamps by the views.
+- Audit token ids are uint32 little-endian in a BLOB/BYTEA: 4 bytes a token.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    Column,
+    Double,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    Table,
+    Text,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+
+__all__ = [
+    "metadata",
+    "response_audit",
+    "response_events",
+    "response_input_items",
+    "responses",
+    "server_secrets",
+]
+
+metadata = MetaData(
+    naming_convention={
+        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+        "ck": "ck_%(table_name)s_%(constraint_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)
+
+_Json = JSON().with_variant(JSONB(), "postgresql")
+
+responses = Table(
+    "responses",
+    metadata,
+    Column("id", Text, primary_key=True),
+    Column("model", Text, nullable=False),
+    Column("status", Text, nullable=False),
+    Column("created_at", BigInteger, nullable=False),
+    Column("completed_at", BigInteger),
+    Column("previous_response_id", Text),
+    Column("background", Boolean, nullable=False),
+    Column("input_tokens", Integer),
+    Column("output_tokens", Integer),
+    Column("reasoning_tokens", Integer),
+    Column("error_code", Text),
+    Column("incomplete_reason", Text),
+    Column("request", _Json, nullable=False),
+    Index(None, "created_at"),
+    Index(None, "status"),
+    Index(None, "previous_response_id"),
+)
+
+response_events = Table(
+    "response_events",
+    metadata,
+    Column(
+        "response_id",
+        Text,
+        ForeignKey("responses.id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    Column("seq", Integer, primary_key=True, autoincrement=False),
+    Column("type", Text, nullable=False),
+    Column("payload", _Json, nullable=False),
+    Column("recorded_at", Double, nullable=False),
+    sqlite_with_rowid=False,
+)
+
+response_input_items = Table(
+    "response_input_items",
+    metadata,
+    Column(
+        "response_id",
+        Text,
+        ForeignKey("responses.id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    Column("position", Integer, primary_key=True, autoincrement=False),
+    Column("item_id", Text, nullable=False),
+    Column("item", _Json, nullable=False),
+    Index(None, "response_id", "item_id"),
+    sqlite_with_rowid=False,
+)
+
+response_audit = Table(
+    "response_audit",
+    metadata,
+    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True),
+    Column(
+        "response_id",
+        Text,
+        ForeignKey("responses.id", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    Column("kind", Text, nullable=False),
+    Column("token_count", Integer, nullable=False),
+    Column("token_ids", LargeBinary, nullable=False),
+    Column("detail", _Json),
+    Column("recorded_at", Double, nullable=False),
+    Index(None, "response_id", "id"),
+)
+
+server_secrets = Table(
+    "server_secrets",
+    metadata,
+    Column("name", Text, primary_key=True),
+    Column("value", LargeBinary, nullable=False),
+    Column("created_at", Double, nullable=False),
+)

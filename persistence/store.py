@@ -1,0 +1,90 @@
+"""The contract every event store keeps (``MemoryStore``, ``SqlStore``).
+
+Writes:
+
+- ``create_response`` is durable on return; appends for the response may follow at once.
+- ``submit(response_id, events, expected_seq)`` enqueues events for group commit and returns a
+  future that resolves once they are durable. ``expected_seq`` is the ``seq`` the first event
+  must take, i.e. the length of the log once every earlier submission for the response has
+  committed; the events carry ``expected_seq, expected_seq + 1, ...``. The future raises
+  ``ConcurrencyError`` if that ``seq`` is taken or is not next, or if the log already ended,
+  ``NotFound`` if there is no such response, ``StoreError`` if the store failed. Submissions
+  for one response commit in submission order, and one that fails makes the later ones for the
+  same response fail too (their ``expected_seq`` is no longer next). A submission is written
+  even if its future is cancelled: an append-only log cannot take it back.
+- Malformed submissions (seqs not contiguous from ``expected_seq``, an event after a terminal
+  event, a payload that is not JSON) are programming errors: ``submit`` raises ``ValueError``
+  (or ``TypeError``) at once.
+
+Reads return copies: mutating what ``load`` returns never changes the log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from typing import Literal, Protocol
+
+from persistence.lifecycle import TERMINAL_EVENT_TYPES
+from persistence.records import (
+    AuditRecord,
+    ChainLink,
+    JsonObject,
+    NewResponse,
+    ResponseRow,
+    StoredEvent,
+)
+
+__all__ = ["EventStore", "Order", "check_submission"]
+
+Order = Literal["asc", "desc"]
+
+
+class EventStore(Protocol):
+    async def create_response(self, new: NewResponse) -> None: ...
+
+    def submit(
+        self, response_id: str, events: Sequence[StoredEvent], expected_seq: int
+    ) -> asyncio.Future[None]: ...
+
+    async def append(
+        self, response_id: str, events: Sequence[StoredEvent], expected_seq: int
+    ) -> None: ...
+
+    async def append_audit(self, response_id: str, records: Sequence[AuditRecord]) -> None: ...
+
+    async def load(self, response_id: str, after_seq: int | None = None) -> list[StoredEvent]: ...
+
+    async def get(self, response_id: str) -> ResponseRow | None: ...
+
+    async def load_chain(self, response_id: str) -> list[ChainLink]: ...
+
+    async def load_audit(self, response_id: str) -> list[AuditRecord]: ...
+
+    async def delete(self, response_id: str) -> bool: ...
+
+    async def list_input_items(
+        self, response_id: str, *, after: str | None, limit: int, order: Order
+    ) -> tuple[list[JsonObject], bool]: ...
+
+    async def unfinished(self) -> list[str]: ...
+
+    async def get_or_create_secret(self, name: str, factory: Callable[[], bytes]) -> bytes: ...
+
+    async def close(self) -> None: ...
+
+
+def check_submission(events: Sequence[StoredEvent], expected_seq: int) -> None:
+    """Raise ValueError unless ``events`` is a well-formed append at ``expected_seq``."""
+    if expected_seq < 0:
+        raise ValueError(f"expected_seq must be >= 0, got {expected_seq}")
+    if not events:
+        raise ValueError("an append needs at least one event")
+    for offset, event in enumerate(events):
+        if event.seq != expected_seq + offset:
+            raise ValueError(
+                f"event seqs must run {expected_seq}, {expected_seq + 1}, ...; "
+                f"event {offset} has seq {event.seq}"
+            )
+        if event.type in TERMINAL_EVENT_TYPES and offset != len(events) - 1:
+            raise ValueError(f"{event.type} must be the last event of a log")
