@@ -209,18 +209,18 @@ def apply(state: LogState, event: Event) -> LogState:
             item_type = event.item.get("type")
             if item_type not in ITEM_TYPES:
                 raise _fail("unknown_item_type", f"item type {item_type!r}")
-            item = event.item
+            wire_item = event.item
             parts: tuple[str, ...] = (
-                () if item_type in _PART_TYPE else (_item_texts(item)[0],)
+                () if item_type in _PART_TYPE else (_item_texts(wire_item)[0],)
             )
             return replace(
                 state,
                 items_added=state.items_added + 1,
                 open_item=OpenItem(
                     output_index=event.output_index,
-                    item_id=item["id"],
+                    item_id=wire_item["id"],
                     item_type=item_type,
-                    call_id=item.get("call_id"),
+                    call_id=wire_item.get("call_id"),
                     parts=parts,
                 ),
             )

@@ -12,7 +12,6 @@ import copy
 import json
 from collections.abc import Iterable
 from dataclasses import fields
-from functools import cache
 from typing import Any
 
 from domain.events import (
@@ -52,9 +51,15 @@ _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 _encode_str = json.encoder.encode_basestring  # type: ignore[attr-defined]
 
 
-@cache
+_FIELD_NAMES: dict[type[Any], tuple[str, ...]] = {}
+
+
 def _field_names(cls: type[Any]) -> tuple[str, ...]:
-    return tuple(f.name for f in fields(cls) if f.name != "sequence_number")
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = tuple(f.name for f in fields(cls) if f.name != "sequence_number")
+        _FIELD_NAMES[cls] = names
+    return names
 
 
 def payload(event: Event) -> Json:

@@ -6,7 +6,15 @@ from openai.types.responses import Response
 
 from domain.builder import Usage
 from domain.events import OutputItemAdded, OutputTextDelta
-from domain.projections import fold, output_as_input, payload, payload_json, sse_frame, to_sse, to_wire
+from domain.projections import (
+    fold,
+    output_as_input,
+    payload,
+    payload_json,
+    sse_frame,
+    to_sse,
+    to_wire,
+)
 from tests.domain.factories import make_builder
 
 

@@ -1,0 +1,275 @@
+"""Output token ids -> response events, through Harmony's streaming parser.
+
+:class:`HarmonyDecoder` feeds each generated token to ``openai_harmony.StreamableParser`` and
+drives a :class:`~domain.builder.ResponseBuilder`:
+
+- ``analysis`` channel -> a ``reasoning`` item (``reasoning_text`` deltas);
+- ``final`` channel -> a ``message`` with ``phase: "final_answer"``;
+- ``commentary`` without a recipient (a preamble) -> a ``message`` with ``phase: "commentary"``;
+- recipient ``functions.NAME`` on any channel -> a ``function_call`` (the name keeps any dots
+  after the prefix), or a ``custom_tool_call`` when NAME is a custom tool, whose ``input`` deltas
+  are the decoded string (see :mod:`domain.custom_tools`).
+
+Per token the decoder does as little as it can: ordinary content tokens cost one ``process`` call
+and one ``last_content_delta`` read; the parser's state is only inspected at Harmony's structural
+tokens.
+
+Recovery from malformed output (the upstream "non-terminal state" bug): the text a model wrote is
+never dropped and a response never ends ``completed`` with nothing to show for it.
+
+- A token the parser rejects (``Unexpected token ... while expecting start token 200006``) starts a
+  *stray run*: the parser is reset to expect ``<|start|>``, and every token up to the next
+  ``<|start|>`` is kept. When the run ends (or generation does), its text -- with Harmony's
+  special tokens and role/channel/recipient header words removed -- goes out as a recovered
+  ``final_answer`` message.
+- Generation that ends inside a header (EOS in a header, ``<|channel|>final {"answer": "hi"}``
+  followed by ``<|return|>`` with no ``<|message|>``) recovers the header's content the same way.
+- Generation that ends inside a message closes that item with the text streamed so far.
+
+The decoder reports what happened in :class:`DecodeResult`; the caller logs the warning (with the
+response id) and picks the terminal status.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from openai_harmony import HarmonyEncoding, HarmonyError, Role, StreamableParser
+
+from domain.builder import ItemStatus, ResponseBuilder
+from domain.custom_tools import CustomInputStream
+
+__all__ = ["DecodeResult", "HarmonyDecoder", "strip_harmony_markup"]
+
+START, END, MESSAGE, CHANNEL, CONSTRAIN, RETURN, CALL = (
+    200006,
+    200007,
+    200008,
+    200005,
+    200003,
+    200002,
+    200012,
+)
+_MESSAGE_ENDS = frozenset({END, RETURN, CALL})
+#: o200k_harmony's special tokens are the ids from here up (<|startoftext|>, <|endoftext|>, ...).
+FIRST_SPECIAL = 199998
+
+_SPECIAL = re.compile(r"<\|[a-z_]+\|>")
+_LEADING_WORD = re.compile(r"^\s*[^\s<]+")
+_ROLE = re.compile(r"^\s*(assistant|user|system|developer|tool)\b")
+_RECIPIENT = re.compile(r"(^|\s)to=\S+")
+
+
+def strip_harmony_markup(text: str) -> str:
+    """Remove Harmony special tokens and header words (role, channel, recipient, constraint).
+
+    Text after ``<|message|>`` is content and kept verbatim; a complete header (one that reached
+    ``<|message|>``) is dropped; an unfinished header loses its leading role / channel /
+    constraint word and any ``to=RECIPIENT``, and what remains is the model's text.
+    """
+    pieces = _SPECIAL.split(text)
+    markers = [None, *_SPECIAL.findall(text)]
+    following = [*markers[1:], None]
+    out: list[str] = []
+    for marker, piece, after in zip(markers, pieces, following, strict=True):
+        if marker == "<|message|>":
+            out.append(piece)
+            continue
+        if after == "<|message|>":
+            continue  # a complete header: role, channel, recipient and content type, all markup
+        if marker in ("<|channel|>", "<|constrain|>"):
+            piece = _LEADING_WORD.sub("", piece, count=1)
+        elif marker == "<|start|>":
+            piece = _ROLE.sub("", piece, count=1)
+        if marker is not None or piece.lstrip().startswith("to="):
+            piece = _RECIPIENT.sub("", piece)
+        out.append(piece)
+    return "".join(out).strip()
+
+
+@dataclass
+class DecodeResult:
+    #: True when malformed output had to be recovered (stray tokens or an unfinished header).
+    recovered: bool = False
+    #: Human-readable notes on what was recovered, for the warning log and the audit record.
+    notes: list[str] = field(default_factory=list)
+    output_tokens: int = 0
+    reasoning_tokens: int = 0
+    #: Whether the last message ended with ``<|call|>`` (the model wants a tool result).
+    ended_with_call: bool = False
+    #: Whether a final-channel message was produced.
+    has_final: bool = False
+
+
+class HarmonyDecoder:
+    """Decodes one generation. Feed token ids with :meth:`feed`, then call :meth:`finish` once."""
+
+    def __init__(
+        self,
+        encoding: HarmonyEncoding,
+        builder: ResponseBuilder,
+        *,
+        custom_tools: Iterable[str] = (),
+        prefill: Sequence[int] = (),
+    ) -> None:
+        self._encoding = encoding
+        self._builder = builder
+        self._custom_tools = frozenset(custom_tools)
+        self._parser = StreamableParser(encoding, Role.ASSISTANT)
+        self._inner: Any = self._parser._inner  # the Rust object: skips a Python wrapper per token
+        self._in_content = False
+        self._content_kind: str | None = None
+        self._custom: CustomInputStream | None = None
+        self._header: list[int] = []
+        self._stray: list[int] = []
+        self._finished = False
+        self.result = DecodeResult()
+        for token in prefill:
+            self._feed_one(token)
+
+    # -- feeding ---------------------------------------------------------------------------------
+
+    def feed(self, token_ids: Iterable[int]) -> None:
+        result = self.result
+        for token in token_ids:
+            result.output_tokens += 1
+            if self._content_kind == "reasoning":
+                result.reasoning_tokens += 1
+            self._feed_one(token)
+
+    def _feed_one(self, token: int) -> None:
+        if self._stray:
+            self._feed_stray(token)
+            return
+        try:
+            self._inner.process(token)
+        except HarmonyError:
+            self._start_stray(token)
+            return
+        if self._in_content:
+            if token in _MESSAGE_ENDS:
+                self._end_message(token)
+            elif token < FIRST_SPECIAL:  # special tokens inside content are markup, not text
+                delta = self._inner.last_content_delta
+                if delta:
+                    self._append(delta)
+            return
+        if token == MESSAGE:
+            self._start_content()
+        elif token in _MESSAGE_ENDS:
+            # A message end inside a header: the parser keeps waiting for <|message|>, which
+            # will not come. Recover what the header holds.
+            self._recover(self._header, "message ended inside a header")
+            self._header = []
+            self._reset_parser(expect_start=True)
+        elif token == START:
+            self._header = []
+        else:
+            self._header.append(token)
+
+    def _start_stray(self, token: int) -> None:
+        # Whatever header was being read is part of the malformed run.
+        self._stray = [*self._header, token]
+        self._header = []
+        if self._in_content:
+            self._close(status="completed")
+        self._reset_parser(expect_start=True)
+
+    def _feed_stray(self, token: int) -> None:
+        if token != START:
+            self._stray.append(token)
+            return
+        stray, self._stray = self._stray, []
+        self._recover(stray, "tokens outside any message")
+        self._inner.process(token)  # a fresh parser always accepts <|start|>
+
+    def _reset_parser(self, *, expect_start: bool) -> None:
+        role = None if expect_start else Role.ASSISTANT
+        self._parser = StreamableParser(self._encoding, role)
+        self._inner = self._parser._inner
+        self._in_content = False
+        self._content_kind = None
+
+    # -- items -----------------------------------------------------------------------------------
+
+    def _start_content(self) -> None:
+        channel = self._inner.current_channel
+        recipient = self._inner.current_recipient
+        self._header = []
+        self._in_content = True
+        builder = self._builder
+        if recipient and recipient != "assistant":
+            name = recipient.removeprefix("functions.")
+            if recipient.startswith("functions.") and name in self._custom_tools:
+                builder.open_custom_tool_call(name)
+                self._custom = CustomInputStream()
+                self._content_kind = "custom_tool_call"
+            else:
+                builder.open_function_call(name)
+                self._content_kind = "function_call"
+        elif channel == "analysis":
+            builder.open_reasoning()
+            self._content_kind = "reasoning"
+        elif channel == "commentary":
+            builder.open_message("commentary")
+            self._content_kind = "message"
+        else:
+            builder.open_message("final_answer")
+            self._content_kind = "message"
+            self.result.has_final = True
+
+    def _append(self, delta: str) -> None:
+        if self._custom is not None:
+            delta = self._custom.feed(delta)
+        self._builder.append(delta)
+
+    def _close(self, status: ItemStatus) -> None:
+        if self._custom is not None:
+            self._builder.append(self._custom.finish())
+            self._custom = None
+        self._builder.close_item(status)
+        self._in_content = False
+        self._content_kind = None
+
+    def _end_message(self, token: int) -> None:
+        self._close("completed")
+        self.result.ended_with_call = token == CALL
+
+    def _recover(self, tokens: Sequence[int], why: str, status: ItemStatus = "completed") -> None:
+        if not tokens:
+            return
+        raw = self._encoding.decode(list(tokens))
+        text = strip_harmony_markup(raw)
+        self.result.recovered = True
+        self.result.notes.append(f"{why}: {raw[:200]!r}")
+        if not text:
+            return
+        self._builder.open_message("final_answer")
+        self._builder.append(text)
+        self._builder.close_item(status)
+        self.result.has_final = True
+
+    # -- the end ---------------------------------------------------------------------------------
+
+    def finish(self, *, truncated: bool) -> DecodeResult:
+        """Close whatever is open. ``truncated``: generation was cut (max tokens, abort, error),
+        so an item still open is ``incomplete``. Resets the parser; returns the result."""
+        if self._finished:
+            return self.result
+        self._finished = True
+        status: ItemStatus = "incomplete" if truncated else "completed"
+        if self._stray:
+            stray, self._stray = self._stray, []
+            self._recover(stray, "tokens outside any message", status)
+        elif self._in_content:
+            self._close(status)
+        elif self._header:
+            self._recover(self._header, "generation ended inside a header", status)
+        self._header = []
+        self._reset_parser(expect_start=False)
+        if truncated and self._builder.open_item_type is not None:
+            self._builder.close_item("incomplete")
+        return self.result

@@ -1,0 +1,215 @@
+"""Output tokens -> events: the happy paths, and recovery from every malformed ending."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from app.encoding import load_encoding
+from domain.builder import ResponseBuilder, Usage
+from domain.decoder import HarmonyDecoder, strip_harmony_markup
+from domain.events import Event, OutputTextDelta
+from domain.machine import check_log
+from domain.projections import fold
+from tests.domain.factories import make_builder
+
+ENC = load_encoding()
+
+
+def decode(
+    completion: str | list[int],
+    *,
+    truncated: bool = False,
+    custom: tuple[str, ...] = (),
+    prefill: str = "",
+    builder: ResponseBuilder | None = None,
+) -> tuple[dict[str, Any], list[Event], Any]:
+    b = builder or make_builder()
+    b.created()
+    b.in_progress()
+    tokens = completion if isinstance(completion, list) else ENC.encode(completion, allowed_special="all")
+    pre = ENC.encode(prefill, allowed_special="all") if prefill else []
+    decoder = HarmonyDecoder(ENC, b, custom_tools=custom, prefill=pre)
+    for token in tokens:  # one token at a time, as an engine streams them
+        decoder.feed([token])
+    result = decoder.finish(truncated=truncated)
+    b.finish("incomplete" if truncated else "completed", usage=Usage(), completed_at=1)
+    events = b.take()
+    check_log(events)
+    return fold(events), events, result
+
+
+def _summary(response: dict[str, Any]) -> list[tuple[str, ...]]:
+    out: list[tuple[str, ...]] = []
+    for item in response["output"]:
+        if item["type"] == "message":
+            out.append(("message", item["phase"], "".join(p["text"] for p in item["content"]), item["status"]))
+        elif item["type"] == "reasoning":
+            out.append(("reasoning", "".join(p["text"] for p in item["content"]), item["status"]))
+        elif item["type"] == "function_call":
+            out.append(("function_call", item["name"], item["arguments"], item["status"]))
+        else:
+            out.append(("custom_tool_call", item["name"], item["input"]))
+    return out
+
+
+def test_reasoning_then_final_answer() -> None:
+    response, events, result = decode(
+        "<|channel|>analysis<|message|>Think about it.<|end|>"
+        "<|start|>assistant<|channel|>final<|message|>Hello, world!<|return|>"
+    )
+    assert _summary(response) == [
+        ("reasoning", "Think about it.", "completed"),
+        ("message", "final_answer", "Hello, world!", "completed"),
+    ]
+    assert not result.recovered and result.has_final
+    assert result.reasoning_tokens > 0 and result.output_tokens == len(
+        ENC.encode(
+            "<|channel|>analysis<|message|>Think about it.<|end|>"
+            "<|start|>assistant<|channel|>final<|message|>Hello, world!<|return|>",
+            allowed_special="all",
+        )
+    )
+    deltas = [e.delta for e in events if isinstance(e, OutputTextDelta)]
+    assert len(deltas) > 1 and "".join(deltas) == "Hello, world!"
+
+
+def test_preamble_then_tool_call_keeps_dotted_names() -> None:
+    response, _, result = decode(
+        "<|channel|>commentary<|message|>Let me check.<|end|>"
+        '<|start|>assistant<|channel|>commentary to=functions.weather.get_current <|constrain|>json<|message|>{"city":"Paris"}<|call|>'
+    )
+    assert _summary(response) == [
+        ("message", "commentary", "Let me check.", "completed"),
+        ("function_call", "weather.get_current", '{"city":"Paris"}', "completed"),
+    ]
+    assert result.ended_with_call
+
+
+def test_recipient_before_the_channel_and_on_the_analysis_channel() -> None:
+    response, _, _ = decode(' to=functions.lookup<|channel|>analysis <|constrain|>json<|message|>{"q":1}<|call|>')
+    assert _summary(response) == [("function_call", "lookup", '{"q":1}', "completed")]
+
+
+def test_custom_tool_call_streams_the_decoded_input() -> None:
+    response, events, _ = decode(
+        '<|channel|>commentary to=functions.apply_patch <|constrain|>json<|message|>{"input":"line 1\\nline \\"2\\" \\ud83d\\ude00"}<|call|>',
+        custom=("apply_patch",),
+    )
+    assert _summary(response) == [("custom_tool_call", "apply_patch", 'line 1\nline "2" \U0001f600')]
+    deltas = "".join(getattr(e, "delta", "") for e in events if e.type == "response.custom_tool_call_input.delta")
+    assert deltas == 'line 1\nline "2" \U0001f600'
+
+
+def test_named_tool_choice_prefill_opens_the_call_at_once() -> None:
+    response, _, _ = decode(
+        '{"x": 1}<|call|>', prefill="<|channel|>commentary to=functions.pick <|constrain|>json<|message|>"
+    )
+    assert _summary(response) == [("function_call", "pick", '{"x": 1}', "completed")]
+
+
+def test_two_parallel_calls_in_one_turn() -> None:
+    response, _, _ = decode(
+        "<|channel|>commentary to=functions.a <|constrain|>json<|message|>{}<|end|>"
+        "<|start|>assistant<|channel|>commentary to=functions.b <|constrain|>json<|message|>{}<|call|>"
+    )
+    assert [s[:2] for s in _summary(response)] == [("function_call", "a"), ("function_call", "b")]
+
+
+# -- malformed output (the seed-000 cases) ---------------------------------------------------
+
+
+def test_header_without_message_token_then_return_recovers_the_text() -> None:
+    response, _, result = decode('<|channel|>final {"answer": "hi"}<|return|>')
+    assert _summary(response) == [("message", "final_answer", '{"answer": "hi"}', "completed")]
+    assert result.recovered
+
+
+def test_analysis_without_a_start_is_parsed_not_lost() -> None:
+    response, _, _ = decode("<|channel|>analysis<|message|>thinking<|end|>")
+    assert _summary(response) == [("reasoning", "thinking", "completed")]
+
+
+def test_stray_text_after_a_message_is_recovered_as_a_final_answer() -> None:
+    response, _, result = decode("<|channel|>analysis<|message|>thinking<|end|>Hello world")
+    assert _summary(response) == [
+        ("reasoning", "thinking", "completed"),
+        ("message", "final_answer", "Hello world", "completed"),
+    ]
+    assert result.recovered and any("outside any message" in n for n in result.notes)
+
+
+def test_stray_run_ends_at_the_next_start_and_parsing_resumes() -> None:
+    response, _, _ = decode(
+        "<|channel|>analysis<|message|>a<|end|> oops <|start|>assistant<|channel|>final<|message|>ok<|return|>"
+    )
+    assert _summary(response) == [
+        ("reasoning", "a", "completed"),
+        ("message", "final_answer", "oops", "completed"),
+        ("message", "final_answer", "ok", "completed"),
+    ]
+
+
+def test_eos_inside_a_header_recovers_without_markers() -> None:
+    response, _, result = decode("<|channel|>final to=functions.x <|constrain|>json", truncated=True)
+    assert result.recovered
+    for item in response["output"]:
+        for part in item.get("content", []):
+            assert "<|" not in part["text"]
+
+
+@pytest.mark.parametrize(
+    "completion",
+    [
+        "<|channel|>analysis<|message|>Let me think about this carefully",
+        "<|channel|>analysis<|message|>ok<|end|><|start|>assistant<|channel|>final<|message|>The answer is",
+        "<|channel|>commentary to=functions.f <|constrain|>json<|message|>{\"a\": ",
+    ],
+)
+def test_truncation_in_content_keeps_the_text_and_marks_the_item_incomplete(completion: str) -> None:
+    response, _, _ = decode(completion, truncated=True)
+    last = response["output"][-1]
+    assert last["status"] == "incomplete"
+    text = "".join(p["text"] for p in last.get("content", [])) or last.get("arguments", "")
+    assert text and completion.endswith(text)
+
+
+def test_truncation_at_every_token_never_raises_and_never_leaks_markers() -> None:
+    completion = (
+        "<|channel|>analysis<|message|>Plan.<|end|><|start|>assistant<|channel|>commentary to=functions.f "
+        '<|constrain|>json<|message|>{"k": "v"}<|call|>'
+    )
+    tokens = ENC.encode(completion, allowed_special="all")
+    for cut in range(len(tokens) + 1):
+        response, _, _ = decode(tokens[:cut], truncated=cut < len(tokens))
+        for item in response["output"]:
+            for part in item.get("content", []):
+                assert "<|" not in part["text"], (cut, part)
+
+
+def test_strip_harmony_markup() -> None:
+    assert strip_harmony_markup('<|channel|>final {"answer": "hi"}') == '{"answer": "hi"}'
+    assert strip_harmony_markup("<|start|>assistant<|channel|>final<|message|>Hi<|return|>") == "Hi"
+    assert strip_harmony_markup(" to=functions.x<|channel|>commentary json<|message|>{}") == "{}"
+    assert strip_harmony_markup("plain text") == "plain text"
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            st.sampled_from([200002, 200003, 200005, 200006, 200007, 200008, 200012]),
+            st.integers(min_value=0, max_value=199_997),
+        ),
+        max_size=40,
+    ),
+    st.booleans(),
+)
+def test_random_token_sequences_never_raise(tokens: list[int], truncated: bool) -> None:
+    response, _, _ = decode(tokens, truncated=truncated)
+    for item in response["output"]:
+        for part in item.get("content", []):
+            assert "<|" not in part["text"]
