@@ -49,7 +49,7 @@ def async_url(database_url: str | URL) -> URL:
     backend = "postgresql" if url.get_backend_name() == "postgres" else url.get_backend_name()
     if backend not in _ASYNC_DRIVERS:
         raise ValueError(f"unsupported database {url.drivername!r}: use SQLite or PostgreSQL")
-    if url.get_driver_name() in ("", "pysqlite", "psycopg2", backend):
+    if url.get_driver_name() in ("", "pysqlite", "psycopg", "psycopg2", backend):
         url = url.set(drivername=_ASYNC_DRIVERS[backend])
     return url
 

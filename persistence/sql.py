@@ -1,0 +1,631 @@
+"""The event store on SQLite or PostgreSQL.
+
+Writes (``create_response``, ``submit``/``append``, ``append_audit``) all go through one
+``GroupCommit`` queue, so a streamed token never costs its own transaction: each batch is one
+transaction, written with ``executemany`` of pre-built parameter tuples (no ORM objects, no
+per-event SQL compilation, the caller's ``payload_json`` passed through verbatim).
+
+Validation happens before the batch writes anything. The store remembers the tail of every log
+it has written recently (next ``seq``, ended or not); a submission whose ``expected_seq`` is
+not next, or that follows a terminal event, fails with ``ConcurrencyError`` without touching
+the database, and the rest of the batch goes ahead. Responses it does not know (another
+replica wrote them, or they fell out of the cache) are looked up in the batch's transaction.
+
+The unique key ``(response_id, seq)`` is the last word between replicas: a batch that hits a
+constraint is rolled back and its submissions are retried one per transaction against fresh
+state from the database, so only the offending submission fails and the others commit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import (
+    Integer,
+    Text,
+    bindparam,
+    cast,
+    delete,
+    func,
+    literal,
+    select,
+)
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from persistence.database import Synchronous, create_engine, sqlite_path
+from persistence.errors import ConcurrencyError, NotFound, StoreError
+from persistence.group_commit import GroupCommit
+from persistence.lifecycle import (
+    OUTPUT_ITEM_DONE,
+    TERMINAL_EVENT_TYPES,
+    TERMINAL_STATUSES,
+    RowUpdate,
+    initial_status,
+    row_update,
+)
+from persistence.migrate import upgrade_async
+from persistence.records import (
+    AuditRecord,
+    ChainLink,
+    JsonObject,
+    NewResponse,
+    ResponseRow,
+    StoredEvent,
+    dump_json,
+    pack_token_ids,
+    unpack_token_ids,
+)
+from persistence.schema import (
+    response_audit,
+    response_events,
+    response_input_items,
+    responses,
+    server_secrets,
+)
+from persistence.store import Order, check_submission
+
+__all__ = ["SqlStore", "open_store"]
+
+# A chain longer than this is treated as a cycle (previous_response_id is never edited, so a
+# real cycle cannot be written through the API, but a hand-edited database could hold one).
+_MAX_CHAIN = 100_000
+
+
+async def open_store(
+    database_url: str,
+    *,
+    commit_window_ms: float = 2.0,
+    max_batch_events: int = 1024,
+    sqlite_synchronous: Synchronous = "FULL",
+    busy_timeout_ms: int = 5000,
+    pool_size: int = 5,
+    migrate: bool = True,
+) -> SqlStore:
+    """Open (creating and migrating to head unless ``migrate=False``) the store at
+    ``database_url``: ``sqlite+aiosqlite:///path.db`` or ``postgresql+asyncpg://...``
+    (plain ``sqlite://`` and ``postgresql://`` URLs get the async driver)."""
+    if migrate:
+        await upgrade_async(database_url)
+    options: dict[str, Any] = {
+        "synchronous": sqlite_synchronous,
+        "busy_timeout_ms": busy_timeout_ms,
+        "pool_size": pool_size,
+    }
+    writer = create_engine(database_url, role="writer", **options)
+    is_sqlite = sqlite_path(writer.url) is not None
+    reader = create_engine(database_url, role="reader", **options) if is_sqlite else writer
+    return SqlStore(
+        writer, reader, commit_window_ms=commit_window_ms, max_batch_events=max_batch_events
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Tail:
+    """What the writer must know about a log: the next seq and whether it has ended."""
+
+    next_seq: int
+    ended: bool
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class _Create:
+    response_id: str
+    row: tuple[Any, ...]
+    items: list[tuple[Any, ...]]
+    future: asyncio.Future[None]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class _Append:
+    response_id: str
+    expected_seq: int
+    rows: list[tuple[Any, ...]]
+    ends: bool
+    update: tuple[Any, ...] | None  # the responses row change, ready for the UPDATE
+    future: asyncio.Future[None]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class _Audit:
+    response_id: str
+    rows: list[tuple[Any, ...]]
+    future: asyncio.Future[None]
+
+
+_Write = _Create | _Append | _Audit
+
+
+class SqlStore:
+    """Use ``open_store`` to make one. ``reader`` may be ``writer`` (PostgreSQL)."""
+
+    def __init__(
+        self,
+        writer: AsyncEngine,
+        reader: AsyncEngine,
+        *,
+        commit_window_ms: float = 2.0,
+        max_batch_events: int = 1024,
+        tail_cache_size: int = 65_536,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._writer = writer
+        self._reader = reader
+        self._clock = clock
+        self._postgres = writer.dialect.name == "postgresql"
+        self._sql = _Statements(postgres=self._postgres)
+        self._tails: OrderedDict[str, _Tail] = OrderedDict()
+        self._tail_cache_size = tail_cache_size
+        self._commits: GroupCommit[_Write] = GroupCommit(
+            self._commit, window_s=commit_window_ms / 1000, max_batch=max_batch_events
+        )
+        self._closed = False
+
+    # -- writes -------------------------------------------------------------------------
+
+    async def create_response(self, new: NewResponse) -> None:
+        self._check_open()
+        row = (
+            new.id,
+            new.model,
+            initial_status(new.background),
+            new.created_at,
+            new.previous_response_id,
+            new.background,
+            dump_json(new.request),
+        )
+        items = [
+            (new.id, position, str(item["id"]), dump_json(item))
+            for position, item in enumerate(new.input_items)
+        ]
+        future = asyncio.get_running_loop().create_future()
+        self._commits.put(_Create(new.id, row, items, future), weight=1 + len(items))
+        await future
+
+    def submit(
+        self, response_id: str, events: Sequence[StoredEvent], expected_seq: int
+    ) -> asyncio.Future[None]:
+        self._check_open()
+        check_submission(events, expected_seq)
+        recorded_at = self._clock()
+        rows = [(response_id, e.seq, e.type, e.payload_text(), recorded_at) for e in events]
+        update: RowUpdate | None = None
+        for event in events:
+            update = row_update(event) or update
+        future = asyncio.get_running_loop().create_future()
+        write = _Append(
+            response_id,
+            expected_seq,
+            rows,
+            events[-1].type in TERMINAL_EVENT_TYPES,
+            None if update is None else (*dataclasses.astuple(update), response_id),
+            future,
+        )
+        self._commits.put(write, weight=len(rows))
+        return future
+
+    async def append(
+        self, response_id: str, events: Sequence[StoredEvent], expected_seq: int
+    ) -> None:
+        await self.submit(response_id, events, expected_seq)
+
+    async def append_audit(self, response_id: str, records: Sequence[AuditRecord]) -> None:
+        self._check_open()
+        recorded_at = self._clock()
+        rows = []
+        for record in records:
+            packed = pack_token_ids(record.token_ids)
+            detail = None if record.detail is None else dump_json(record.detail)
+            rows.append((response_id, record.kind, len(packed) // 4, packed, detail, recorded_at))
+        future = asyncio.get_running_loop().create_future()
+        self._commits.put(_Audit(response_id, rows, future), weight=max(len(rows), 1))
+        await future
+
+    async def delete(self, response_id: str) -> bool:
+        self._check_open()
+        async with _store_errors(), self._writer.begin() as conn:
+            # Events, audit records and input items go with the row (ON DELETE CASCADE); the
+            # append-only trigger lets an event row go only once its response row is gone.
+            result = await conn.execute(delete(responses).where(responses.c.id == response_id))
+        self._tails.pop(response_id, None)
+        return bool(result.rowcount)
+
+    async def get_or_create_secret(self, name: str, factory: Callable[[], bytes]) -> bytes:
+        self._check_open()
+        find = select(server_secrets.c.value).where(server_secrets.c.name == name)
+        async with _store_errors(), self._writer.begin() as conn:
+            value = (await conn.execute(find)).scalar_one_or_none()
+            if value is None:
+                dialect_insert = postgresql.insert if self._postgres else sqlite.insert
+                await conn.execute(
+                    dialect_insert(server_secrets)
+                    .values(name=name, value=bytes(factory()), created_at=self._clock())
+                    .on_conflict_do_nothing(index_elements=["name"])
+                )
+                value = (await conn.execute(find)).scalar_one()
+        return bytes(value)
+
+    async def close(self) -> None:
+        """Commit what is queued, then release the connections. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await self._commits.close()
+        finally:
+            await self._writer.dispose()
+            if self._reader is not self._writer:
+                await self._reader.dispose()
+
+    # -- group commit -------------------------------------------------------------------
+
+    async def _commit(self, batch: list[_Write]) -> None:
+        try:
+            outcomes = await self._write(batch, fresh=False)
+        except IntegrityError:
+            self._forget(batch)
+            for write in batch:
+                await self._commit_alone(write)
+            return
+        except (SQLAlchemyError, OSError) as exc:
+            self._forget(batch)
+            for write in batch:
+                _settle(write, _store_error(exc))
+            return
+        for write, outcome in zip(batch, outcomes, strict=True):
+            _settle(write, outcome)
+
+    async def _commit_alone(self, write: _Write) -> None:
+        try:
+            (outcome,) = await self._write([write], fresh=True)
+        except IntegrityError as exc:
+            self._forget([write])
+            outcome = _integrity_error(write.response_id, exc)
+        except (SQLAlchemyError, OSError) as exc:
+            self._forget([write])
+            outcome = _store_error(exc)
+        _settle(write, outcome)
+
+    async def _write(self, batch: list[_Write], *, fresh: bool) -> list[StoreError | None]:
+        """Write ``batch`` in one transaction; return each write's refusal (or None)."""
+        outcomes: list[StoreError | None] = []
+        creates: list[tuple[Any, ...]] = []
+        items: list[tuple[Any, ...]] = []
+        events: list[tuple[Any, ...]] = []
+        audits: list[tuple[Any, ...]] = []
+        updates: dict[str, tuple[Any, ...]] = {}
+        async with self._writer.begin() as conn:
+            tails = await self._tails_for(conn, batch, fresh=fresh)
+            for write in batch:
+                rid = write.response_id
+                tail = tails[rid]
+                if isinstance(write, _Create):
+                    if tail is not None:
+                        outcomes.append(ConcurrencyError(f"response {rid!r} already exists"))
+                        continue
+                    creates.append(write.row)
+                    items.extend(write.items)
+                    tails[rid] = _Tail(0, False)
+                elif tail is None:
+                    outcomes.append(NotFound(f"no response {rid!r}"))
+                    continue
+                elif isinstance(write, _Audit):
+                    audits.extend(write.rows)
+                elif tail.ended:
+                    outcomes.append(ConcurrencyError(f"the log of {rid!r} has ended"))
+                    continue
+                elif write.expected_seq != tail.next_seq:
+                    outcomes.append(
+                        ConcurrencyError(
+                            f"response {rid!r}: expected_seq {write.expected_seq}, "
+                            f"next seq is {tail.next_seq}"
+                        )
+                    )
+                    continue
+                else:
+                    events.extend(write.rows)
+                    tails[rid] = _Tail(tail.next_seq + len(write.rows), write.ends)
+                    if write.update is not None:
+                        updates[rid] = write.update
+                outcomes.append(None)
+            for sql, rows in (
+                (self._sql.insert_response, creates),
+                (self._sql.insert_input_item, items),
+                (self._sql.insert_event, events),
+                (self._sql.insert_audit, audits),
+                (self._sql.update_response, list(updates.values())),
+            ):
+                if rows:
+                    await conn.exec_driver_sql(sql, rows)
+        for rid, tail in tails.items():
+            if tail is not None:
+                self._remember(rid, tail)
+        return outcomes
+
+    async def _tails_for(
+        self, conn: AsyncConnection, batch: list[_Write], *, fresh: bool
+    ) -> dict[str, _Tail | None]:
+        """The tail of every log the batch touches, from the cache unless ``fresh``; None
+        for a response that does not exist."""
+        tails: dict[str, _Tail | None] = {}
+        unknown: list[str] = []
+        for write in batch:
+            rid = write.response_id
+            if rid in tails or rid in unknown:
+                continue
+            known = None if fresh else self._tails.get(rid)
+            if known is not None:
+                tails[rid] = known
+            else:
+                unknown.append(rid)
+        if unknown:
+            found = {
+                row.id: _Tail(row.last_seq + 1, row.last_type in TERMINAL_EVENT_TYPES)
+                for row in await conn.execute(_TAILS, {"ids": unknown})
+            }
+            for rid in unknown:
+                tails[rid] = found.get(rid)
+        return tails
+
+    def _remember(self, response_id: str, tail: _Tail) -> None:
+        self._tails[response_id] = tail
+        self._tails.move_to_end(response_id)
+        while len(self._tails) > self._tail_cache_size:
+            self._tails.popitem(last=False)
+
+    def _forget(self, batch: Iterable[_Write]) -> None:
+        for write in batch:
+            self._tails.pop(write.response_id, None)
+
+    # -- reads --------------------------------------------------------------------------
+
+    async def load(self, response_id: str, after_seq: int | None = None) -> list[StoredEvent]:
+        self._check_open()
+        query = _EVENTS.where(response_events.c.response_id == response_id)
+        if after_seq is not None:
+            query = query.where(response_events.c.seq > after_seq)
+        async with self._read() as conn:
+            rows = await conn.execute(query.order_by(response_events.c.seq))
+            return [StoredEvent(seq, type_, json.loads(text), text) for seq, type_, text in rows]
+
+    async def get(self, response_id: str) -> ResponseRow | None:
+        self._check_open()
+        async with self._read() as conn:
+            row = (await conn.execute(_ROWS.where(responses.c.id == response_id))).one_or_none()
+        return None if row is None else _response_row(row)
+
+    async def load_chain(self, response_id: str) -> list[ChainLink]:
+        self._check_open()
+        async with self._read(repeatable=True) as conn:
+            chain = (await conn.execute(_CHAIN, {"start": response_id})).all()
+            if len(chain) > _MAX_CHAIN:
+                raise StoreError(f"the chain of {response_id!r} has a cycle")
+            missing = [link.chain_id for link in chain if link.id is None]
+            if missing:
+                raise NotFound(f"no response {missing[0]!r} (in the chain of {response_id!r})")
+            ids = [link.id for link in chain]
+            items: dict[str, list[JsonObject]] = {rid: [] for rid in ids}
+            for rid, item in await conn.execute(_CHAIN_ITEMS, {"ids": ids}):
+                items[rid].append(item)
+            events: dict[str, list[StoredEvent]] = {rid: [] for rid in ids}
+            for rid, seq, type_, text in await conn.execute(_CHAIN_EVENTS, {"ids": ids}):
+                events[rid].append(StoredEvent(seq, type_, json.loads(text), text))
+        return [
+            ChainLink(_response_row(link), items[link.id], events[link.id])
+            for link in reversed(chain)
+        ]
+
+    async def load_audit(self, response_id: str) -> list[AuditRecord]:
+        self._check_open()
+        query = (
+            select(response_audit.c.kind, response_audit.c.token_ids, response_audit.c.detail)
+            .where(response_audit.c.response_id == response_id)
+            .order_by(response_audit.c.id)
+        )
+        async with self._read() as conn:
+            rows = await conn.execute(query)
+            return [
+                AuditRecord(kind, unpack_token_ids(bytes(token_ids)), detail)
+                for kind, token_ids, detail in rows
+            ]
+
+    async def list_input_items(
+        self, response_id: str, *, after: str | None, limit: int, order: Order
+    ) -> tuple[list[JsonObject], bool]:
+        self._check_open()
+        if limit < 1:
+            raise ValueError(f"limit must be >= 1, got {limit}")
+        table = response_input_items
+        query = select(table.c.item).where(table.c.response_id == response_id)
+        async with self._read() as conn:
+            exists = select(responses.c.id).where(responses.c.id == response_id)
+            if (await conn.execute(exists)).first() is None:
+                raise NotFound(f"no response {response_id!r}")
+            if after is not None:
+                cursor = (
+                    await conn.execute(
+                        select(func.min(table.c.position)).where(
+                            table.c.response_id == response_id, table.c.item_id == after
+                        )
+                    )
+                ).scalar_one()
+                if cursor is None:
+                    raise NotFound(f"no input item {after!r} in response {response_id!r}")
+                query = query.where(
+                    table.c.position > cursor if order == "asc" else table.c.position < cursor
+                )
+            position = table.c.position.asc() if order == "asc" else table.c.position.desc()
+            page = list((await conn.execute(query.order_by(position).limit(limit + 1))).scalars())
+        return page[:limit], len(page) > limit
+
+    async def unfinished(self) -> list[str]:
+        self._check_open()
+        query = (
+            select(responses.c.id)
+            .where(responses.c.status.not_in(sorted(TERMINAL_STATUSES)))
+            .order_by(responses.c.created_at, responses.c.id)
+        )
+        async with self._read() as conn:
+            return list((await conn.execute(query)).scalars())
+
+    @asynccontextmanager
+    async def _read(self, *, repeatable: bool = False) -> AsyncIterator[AsyncConnection]:
+        async with _store_errors(), self._reader.connect() as conn:
+            if repeatable and self._postgres:
+                await conn.execution_options(isolation_level="REPEATABLE READ")
+            yield conn
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreError("the store is closed")
+
+
+class _Statements:
+    """The write path's SQL, for ``exec_driver_sql`` with tuples of parameters."""
+
+    def __init__(self, *, postgres: bool) -> None:
+        def insert(table: str, columns: tuple[str, ...]) -> str:
+            marks = ", ".join(f"${i}" if postgres else "?" for i in range(1, len(columns) + 1))
+            return f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({marks})"
+
+        self.insert_response = insert(
+            "responses",
+            (
+                "id",
+                "model",
+                "status",
+                "created_at",
+                "previous_response_id",
+                "background",
+                "request",
+            ),
+        )
+        self.insert_input_item = insert(
+            "response_input_items", ("response_id", "position", "item_id", "item")
+        )
+        self.insert_event = insert(
+            "response_events", ("response_id", "seq", "type", "payload", "recorded_at")
+        )
+        self.insert_audit = insert(
+            "response_audit",
+            ("response_id", "kind", "token_count", "token_ids", "detail", "recorded_at"),
+        )
+        # Columns in RowUpdate order, then the id.
+        columns = [field.name for field in dataclasses.fields(RowUpdate)]
+        sets = ", ".join(
+            f"{name} = {f'${i}' if postgres else '?'}" for i, name in enumerate(columns, 1)
+        )
+        where = f"${len(columns) + 1}" if postgres else "?"
+        self.update_response = f"UPDATE responses SET {sets} WHERE id = {where}"
+
+
+def _settle(write: _Write, outcome: StoreError | None) -> None:
+    if write.future.done():  # the caller cancelled its wait; the write stands regardless
+        return
+    if outcome is None:
+        write.future.set_result(None)
+    else:
+        write.future.set_exception(outcome)
+
+
+def _store_error(exc: BaseException) -> StoreError:
+    error = StoreError(f"database error: {exc}")
+    error.__cause__ = exc
+    return error
+
+
+def _integrity_error(response_id: str, exc: IntegrityError) -> StoreError:
+    if "foreign key" in str(exc.orig).lower():
+        error: StoreError = NotFound(f"no response {response_id!r}")
+    else:
+        error = ConcurrencyError(f"response {response_id!r}: another writer got there first")
+    error.__cause__ = exc
+    return error
+
+
+@asynccontextmanager
+async def _store_errors() -> AsyncIterator[None]:
+    try:
+        yield
+    except (SQLAlchemyError, OSError) as exc:
+        raise _store_error(exc) from exc
+
+
+def _response_row(row: Any) -> ResponseRow:
+    return ResponseRow(
+        id=row.id,
+        model=row.model,
+        status=row.status,
+        created_at=row.created_at,
+        completed_at=row.completed_at,
+        previous_response_id=row.previous_response_id,
+        background=bool(row.background),
+        input_tokens=row.input_tokens,
+        output_tokens=row.output_tokens,
+        reasoning_tokens=row.reasoning_tokens,
+        error_code=row.error_code,
+        incomplete_reason=row.incomplete_reason,
+        request=row.request,
+        last_seq=row.last_seq,
+    )
+
+
+# -- read queries (compiled once per dialect and cached by SQLAlchemy) ------------------------
+
+_e = response_events
+_r = responses
+
+_LAST_SEQ = (
+    select(func.coalesce(func.max(_e.c.seq), -1))
+    .where(_e.c.response_id == _r.c.id)
+    .scalar_subquery()
+    .label("last_seq")
+)
+_LAST_TYPE = (
+    select(_e.c.type)
+    .where(_e.c.response_id == _r.c.id)
+    .order_by(_e.c.seq.desc())
+    .limit(1)
+    .scalar_subquery()
+    .label("last_type")
+)
+_TAILS = select(_r.c.id, _LAST_SEQ, _LAST_TYPE).where(_r.c.id.in_(bindparam("ids", expanding=True)))
+_ROWS = select(*_r.c, _LAST_SEQ)
+_EVENTS = select(_e.c.seq, _e.c.type, cast(_e.c.payload, Text))
+
+_chain = select(
+    cast(bindparam("start", type_=Text), Text).label("chain_id"),
+    literal(0, Integer).label("depth"),
+).cte("chain", recursive=True)
+_chain = _chain.union_all(
+    select(_r.c.previous_response_id, _chain.c.depth + 1)
+    .select_from(_r.join(_chain, _r.c.id == _chain.c.chain_id))
+    .where(_r.c.previous_response_id.is_not(None), _chain.c.depth <= _MAX_CHAIN)
+)
+_CHAIN = (
+    select(_chain.c.chain_id, *_r.c, _LAST_SEQ)
+    .select_from(_chain.outerjoin(_r, _r.c.id == _chain.c.chain_id))
+    .order_by(_chain.c.depth)
+)
+_CHAIN_ITEMS = (
+    select(response_input_items.c.response_id, response_input_items.c.item)
+    .where(response_input_items.c.response_id.in_(bindparam("ids", expanding=True)))
+    .order_by(response_input_items.c.response_id, response_input_items.c.position)
+)
+_CHAIN_EVENTS = (
+    select(_e.c.response_id, _e.c.seq, _e.c.type, cast(_e.c.payload, Text))
+    .where(
+        _e.c.response_id.in_(bindparam("ids", expanding=True)),
+        _e.c.type.in_(sorted(TERMINAL_EVENT_TYPES | {OUTPUT_ITEM_DONE})),
+    )
+    .order_by(_e.c.response_id, _e.c.seq)
+)
