@@ -13,7 +13,7 @@ so a builder can never produce a log that the state machine rejects.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -40,7 +40,7 @@ from domain.events import (
     ResponseInProgress,
     ResponseQueued,
 )
-from domain.machine import INITIAL, LogState, apply
+from domain.machine import INITIAL, LogState, apply, check_log
 
 __all__ = ["ItemStatus", "Phase", "ResponseBuilder", "TerminalStatus", "Usage", "usage_json"]
 
@@ -82,7 +82,7 @@ def usage_json(usage: Usage) -> Json:
 class _Open:
     """The item being written: its wire dict (as added) and the text chunks of its open part."""
 
-    __slots__ = ("content_index", "index", "item", "item_id", "kind", "parts", "text")
+    __slots__ = ("content_index", "index", "item", "item_id", "kind", "part_open", "text", "text_done")
 
     def __init__(self, item: Json, index: int) -> None:
         self.item = item
@@ -90,8 +90,10 @@ class _Open:
         self.kind: str = item["type"]
         self.index = index
         self.content_index = 0
-        self.parts: list[str] = []  # finished parts' texts
         self.text: list[str] = []  # chunks of the open part (or of the call's input)
+        # Only a resumed log can stop between an item's text events; a live one never does.
+        self.part_open = self.kind in ("message", "reasoning")
+        self.text_done = False
 
 
 class ResponseBuilder:
@@ -114,6 +116,46 @@ class ResponseBuilder:
         self._pending: list[Event] = []
         self._done_items: list[Json] = []
         self._open: _Open | None = None
+
+    @classmethod
+    def resume(
+        cls,
+        events: Sequence[Event],
+        *,
+        new_id: Callable[[str], str],
+        encrypt_reasoning: Callable[[str], str] | None = None,
+    ) -> ResponseBuilder:
+        """A builder that continues an existing (non-terminal) log, e.g. to close it."""
+        state = check_log(events)
+        if state.terminal:
+            raise ValueError("the log already ended")
+        first = events[0]
+        assert isinstance(first, ResponseCreated)
+        builder = cls(first.response, new_id=new_id, encrypt_reasoning=encrypt_reasoning)
+        builder._state = state
+        added: dict[int, Json] = {}
+        for event in events:
+            if isinstance(event, OutputItemAdded):
+                added[event.output_index] = event.item
+            elif isinstance(event, OutputItemDone):
+                builder._done_items.append(copy.deepcopy(event.item))
+        open_item = state.open_item
+        if open_item is not None:
+            opened = _Open(copy.deepcopy(added[open_item.output_index]), open_item.output_index)
+            opened.content_index = max(len(open_item.parts) - 1, 0)
+            opened.text = list(open_item.parts[-1:])
+            opened.text_done = open_item.text_done
+            if opened.kind in ("message", "reasoning"):
+                opened.part_open = open_item.part_open
+                # content_part.done ends the part's text too
+                opened.text_done = open_item.text_done or not open_item.part_open
+                if not open_item.parts:  # added, but no content part yet
+                    builder._open = opened
+                    builder._open_part(opened)
+                    opened.part_open, opened.text_done = True, False
+                    return builder
+            builder._open = opened
+        return builder
 
     # -- reading ---------------------------------------------------------------------------------
 
@@ -265,25 +307,29 @@ class ResponseBuilder:
         seq = self._seq
         item = dict(opened.item)
         if opened.kind in ("message", "reasoning"):
+            ci = opened.content_index
             if opened.kind == "message":
                 part: Json = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
-                self._emit(OutputTextDone(seq, opened.item_id, opened.index, opened.content_index, text))
+                if not opened.text_done:
+                    self._emit(OutputTextDone(seq, opened.item_id, opened.index, ci, text))
             else:
                 part = {"type": "reasoning_text", "text": text}
-                self._emit(
-                    ReasoningTextDone(seq, opened.item_id, opened.index, opened.content_index, text)
-                )
-            self._emit(ContentPartDone(self._seq, opened.item_id, opened.index, opened.content_index, part))
+                if not opened.text_done:
+                    self._emit(ReasoningTextDone(seq, opened.item_id, opened.index, ci, text))
+            if opened.part_open:
+                self._emit(ContentPartDone(self._seq, opened.item_id, opened.index, ci, part))
             item["content"] = [part]
             item["status"] = status
             if opened.kind == "reasoning" and self._encrypt_reasoning is not None:
                 item["encrypted_content"] = self._encrypt_reasoning(text)
         elif opened.kind == "function_call":
-            self._emit(FunctionCallArgumentsDone(seq, opened.item_id, opened.index, text))
+            if not opened.text_done:
+                self._emit(FunctionCallArgumentsDone(seq, opened.item_id, opened.index, text))
             item["arguments"] = text
             item["status"] = status
         else:
-            self._emit(CustomToolCallInputDone(seq, opened.item_id, opened.index, text))
+            if not opened.text_done:
+                self._emit(CustomToolCallInputDone(seq, opened.item_id, opened.index, text))
             item["input"] = text
         self._open = None
         self._done_items.append(item)

@@ -121,3 +121,20 @@ def test_events_validate_against_sdk_models_and_round_trip(program: list[tuple[A
             STREAM_EVENT.validate_python(dumped)
         assert dumped["sequence_number"] == e.sequence_number
         assert from_wire(e.type, e.sequence_number, payload(e)) == e
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(step, max_size=20), st.data())
+def test_any_unfinished_prefix_can_be_resumed_and_closed(program: list[tuple[Any, ...]], data: st.DataObject) -> None:
+    events = run_program(program, "completed", False).take()[:-1]  # drop the terminal
+    cut = data.draw(st.integers(min_value=1, max_value=len(events)))
+    prefix = events[:cut]
+    builder = ResponseBuilder.resume(prefix, new_id=lambda p: f"{p}_resumed")
+    builder.finish("failed", usage=None, error={"code": "server_error", "message": "the server restarted"})
+    closing = builder.take()
+    final = check_log([*prefix, *closing])
+    assert final.terminal and final.status == "failed"
+    response = fold([*prefix, *closing])
+    assert response["error"]["message"] == "the server restarted"
+    assert all(item.get("status", "incomplete") == "incomplete" or item in fold(prefix)["output"]
+               for item in response["output"])
