@@ -1,0 +1,67 @@
+"""The scripted engine: plays raw Harmony completions from a JSON file, token by token.
+
+``{"turns": [{"completion": "<raw Harmony text>"}, ...], "token_delay_ms": 0}``. Each ``generate``
+call takes the next turn, encodes it with the real ``o200k_harmony`` encoding (special tokens
+allowed) and streams it one token at a time; when the turns run out it behaves like echo. The raw
+text is what a model writes after ``<|start|>assistant``, e.g.
+``<|channel|>analysis<|message|>...<|end|><|start|>assistant<|channel|>final<|message|>Hi<|return|>``.
+
+With ``"cycle": true`` the turns repeat forever instead of running out (the benchmark uses it).
+
+A turn may also set ``"token_delay_ms"`` (overrides the file's) and ``"error"`` (after its tokens
+the engine fails with that message: how tests reach the ``response.failed`` path). Tests and the
+benchmark also pass the script as a dict.
+
+Every prompt is kept in :attr:`ScriptedEngine.prompts`, so tests can compare prompt token ids.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from openai_harmony import HarmonyEncoding
+
+from app.engines.echo import EchoEngine
+
+__all__ = ["ScriptedEngine", "load_script"]
+
+
+def load_script(path: str | Path) -> dict[str, Any]:
+    data = json.loads(Path(path).read_text())
+    if not isinstance(data, dict) or not isinstance(data.get("turns", []), list):
+        raise ValueError(f"{path}: expected an object with a 'turns' list")
+    return data
+
+
+class ScriptedEngine(EchoEngine):
+    def __init__(
+        self, encoding: HarmonyEncoding, model_names: Sequence[str], script: dict[str, Any]
+    ) -> None:
+        super().__init__(encoding, model_names)
+        self._turns: list[dict[str, Any]] = list(script.get("turns", []))
+        self._delay_ms = float(script.get("token_delay_ms", 0))
+        self._cycle = bool(script.get("cycle", False))
+        self._lock = threading.Lock()
+        self._next = 0
+        self.prompts: list[list[int]] = []
+
+    def add_turns(self, *turns: dict[str, Any]) -> None:
+        with self._lock:
+            self._turns.extend(turns)
+
+    def completion_for(self, prompt_token_ids: Sequence[int]) -> tuple[str, float, str | None]:
+        with self._lock:
+            self.prompts.append(list(prompt_token_ids))
+            if self._cycle and self._turns:
+                self._next %= len(self._turns)
+            turn = self._turns[self._next] if self._next < len(self._turns) else None
+            if turn is not None:
+                self._next += 1
+        if turn is None:
+            return super().completion_for(prompt_token_ids)
+        delay_ms = float(turn.get("token_delay_ms", self._delay_ms))
+        return str(turn["completion"]), delay_ms / 1000.0, turn.get("error")

@@ -1,0 +1,170 @@
+"""HTTP routes: ``/v1/responses`` and friends, over Starlette and sse-starlette.
+
+Streams are written as pre-built SSE bytes: each chunk handed to sse-starlette is every frame that
+one commit made durable, so a connection costs one socket write per commit, not one per token.
+sse-starlette passes ``bytes`` through untouched and adds keep-alive comments on idle streams.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from pydantic import ValidationError
+from sse_starlette import EventSourceResponse
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from app.errors import APIError
+from app.live import Run
+from app.service import ResponseService
+from app.wire import CreateResponse
+
+__all__ = ["routes"]
+
+log = logging.getLogger(__name__)
+
+
+def _service(request: Request) -> ResponseService:
+    service: ResponseService = request.app.state.service
+    return service
+
+
+async def _json_body(request: Request) -> dict[str, Any]:
+    limit = _service(request).settings.max_body_bytes
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise APIError(413, f"The request body is larger than {limit} bytes.", code="request_too_large")
+    raw = b""
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > limit:
+            raise APIError(413, f"The request body is larger than {limit} bytes.", code="request_too_large")
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise APIError(400, f"We could not parse the JSON body of your request: {exc}", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise APIError(400, "The request body must be a JSON object.", code="invalid_json")
+    return body
+
+
+def _sse(frames: AsyncIterator[bytes]) -> EventSourceResponse:
+    return EventSourceResponse(frames, ping=15, headers={"Cache-Control": "no-cache"})
+
+
+async def create_response(request: Request) -> Response:
+    service = _service(request)
+    body = await _json_body(request)
+    try:
+        create = CreateResponse.model_validate(body)
+    except ValidationError as exc:
+        raise exc from None
+    run = await service.create(create, body)
+    if create.stream:
+        return _sse(_live_stream(service, run))
+    if create.background:
+        await run.created.wait()
+        if run.created_response is None:
+            raise APIError(500, "The response could not be stored.", type="server_error")
+        return JSONResponse(run.created_response)
+    await run.finished.wait()
+    if run.final_response is None:
+        raise APIError(500, "The response could not be completed.", type="server_error")
+    return JSONResponse(run.final_response)
+
+
+async def _live_stream(service: ResponseService, run: Run) -> AsyncIterator[bytes]:
+    finished = False
+    try:
+        async for chunk in service.stream(run.id, -1, run=run, queue=run.first_queue):
+            yield chunk
+        finished = True
+    finally:
+        if not finished and not run.store:
+            await service.abort_unread(run)
+
+
+def _int_param(request: Request, name: str, default: int | None, lo: int, hi: int) -> int | None:
+    raw = request.query_params.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise APIError(400, f"Invalid value for '{name}': expected an integer.", param=name, code="invalid_value") from None
+    if not lo <= value <= hi:
+        raise APIError(400, f"Invalid value for '{name}': must be between {lo} and {hi}.", param=name, code="invalid_value")
+    return value
+
+
+async def get_response(request: Request) -> Response:
+    service = _service(request)
+    response_id = request.path_params["response_id"]
+    if request.query_params.get("stream", "").lower() in ("true", "1"):
+        after = _int_param(request, "starting_after", -1, -1, 2**62)
+        if await service.store.get(response_id) is None:
+            raise APIError(404, f"Response with id '{response_id}' not found.")
+        return _sse(service.stream(response_id, after if after is not None else -1))
+    return JSONResponse(await service.get(response_id))
+
+
+async def delete_response(request: Request) -> Response:
+    return JSONResponse(await _service(request).delete(request.path_params["response_id"]))
+
+
+async def cancel_response(request: Request) -> Response:
+    return JSONResponse(await _service(request).cancel(request.path_params["response_id"]))
+
+
+async def list_input_items(request: Request) -> Response:
+    order = request.query_params.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise APIError(400, "Invalid value for 'order': expected 'asc' or 'desc'.", param="order", code="invalid_value")
+    limit = _int_param(request, "limit", 20, 1, 100)
+    return JSONResponse(
+        await _service(request).input_items(
+            request.path_params["response_id"],
+            after=request.query_params.get("after") or None,
+            limit=limit or 20,
+            order=order,
+        )
+    )
+
+
+async def list_events(request: Request) -> Response:
+    return JSONResponse(await _service(request).events(request.path_params["response_id"]))
+
+
+async def list_models(request: Request) -> Response:
+    service = _service(request)
+    return JSONResponse(
+        {
+            "object": "list",
+            "data": [
+                {"id": name, "object": "model", "created": 0, "owned_by": "responses-ledger"}
+                for name in service.model_names()
+            ],
+        }
+    )
+
+
+async def health(request: Request) -> Response:
+    state = request.app.state
+    ready = getattr(state, "ready", False) and _service(request).engine.healthy()
+    return JSONResponse({"status": "ok" if ready else "unavailable"}, status_code=200 if ready else 503)
+
+
+routes = [
+    Route("/v1/responses", create_response, methods=["POST"]),
+    Route("/v1/responses/{response_id}", get_response, methods=["GET"]),
+    Route("/v1/responses/{response_id}", delete_response, methods=["DELETE"]),
+    Route("/v1/responses/{response_id}/cancel", cancel_response, methods=["POST"]),
+    Route("/v1/responses/{response_id}/input_items", list_input_items, methods=["GET"]),
+    Route("/v1/responses/{response_id}/events", list_events, methods=["GET"]),
+    Route("/v1/models", list_models, methods=["GET"]),
+    Route("/health", health, methods=["GET"]),
+]

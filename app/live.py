@@ -1,0 +1,148 @@
+"""Live responses in this process: their writers and their stream subscribers.
+
+A :class:`Run` is the in-process side of one response being generated. Its :class:`LogWriter`
+turns events into stored events and SSE frames, hands them to the store for group commit, and
+publishes each committed batch to the subscribers *after* it is durable (persist, then publish).
+While a batch is being committed the next events accumulate, so every commit carries all the
+events produced during the previous one, and every subscriber gets one write per commit.
+
+``store=false`` responses have no store: their batches are published at once and never written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from domain.events import TERMINAL_TYPES, Event
+from domain.projections import payload, payload_json, sse_frame
+from persistence.records import StoredEvent
+
+__all__ = ["Batch", "LogWriter", "Run"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """Consecutive events made durable together: ``frames[i]`` is the SSE frame of seq
+    ``first_seq + i``."""
+
+    first_seq: int
+    frames: Sequence[bytes]
+    terminal: bool
+
+    @property
+    def last_seq(self) -> int:
+        return self.first_seq + len(self.frames) - 1
+
+
+@dataclass(eq=False)
+class Run:
+    id: str
+    store: bool
+    background: bool
+    engine_request_id: str
+    subscribers: set[asyncio.Queue[Batch]] = field(default_factory=set)
+    #: Set once the terminal event is durable (and published).
+    finished: asyncio.Event = field(default_factory=asyncio.Event)
+    #: Set once response.created (and queued) are durable.
+    created: asyncio.Event = field(default_factory=asyncio.Event)
+    created_response: dict[str, Any] | None = None
+    final_response: dict[str, Any] | None = None
+    cancel_requested: bool = False
+    task: asyncio.Task[None] | None = None
+    #: The creating request's subscription, taken before generation starts (stream=true).
+    first_queue: asyncio.Queue[Batch] | None = None
+    #: Why the run could not write its log (the store failed); None while all is well.
+    error: BaseException | None = None
+
+    def subscribe(self) -> asyncio.Queue[Batch]:
+        queue: asyncio.Queue[Batch] = asyncio.Queue()
+        self.subscribers.add(queue)
+        return queue
+
+    def unsubscribe(self, queue: asyncio.Queue[Batch]) -> None:
+        self.subscribers.discard(queue)
+
+    def publish(self, batch: Batch) -> None:
+        for queue in self.subscribers:
+            queue.put_nowait(batch)
+
+
+class LogWriter:
+    """Persist-then-publish pipeline for one response (one writer per response)."""
+
+    def __init__(
+        self,
+        run: Run,
+        submit: Callable[[str, Sequence[StoredEvent], int], asyncio.Future[None]] | None,
+    ) -> None:
+        self._run = run
+        self._submit_fn = submit
+        self._events: list[StoredEvent] = []
+        self._frames: list[bytes] = []
+        self._next_seq = 0
+        self._inflight = False
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self.error: BaseException | None = None
+
+    def push(self, events: Sequence[Event]) -> None:
+        """Queue events for the log; they are committed with the next group commit."""
+        if not events:
+            return
+        if self.error is not None:
+            raise self.error
+        stored, frames = self._events, self._frames
+        for event in events:
+            text = payload_json(event)
+            stored.append(StoredEvent(event.sequence_number, event.type, payload(event), text))
+            frames.append(sse_frame(event.type, event.sequence_number, text))
+        if not self._inflight:
+            self._flush()
+
+    def _flush(self) -> None:
+        events, frames = self._events, self._frames
+        if not events:
+            self._inflight = False
+            self._idle.set()
+            return
+        self._events, self._frames = [], []
+        batch = Batch(events[0].seq, frames, events[-1].type in TERMINAL_TYPES)
+        if self._submit_fn is None:
+            self._next_seq += len(events)
+            self._publish(batch)
+            self._flush()
+            return
+        self._inflight = True
+        self._idle.clear()
+        future = self._submit_fn(self._run.id, events, self._next_seq)
+        self._next_seq += len(events)
+        future.add_done_callback(lambda f: self._durable(f, batch))
+
+    def _durable(self, future: asyncio.Future[None], batch: Batch) -> None:
+        if future.cancelled():
+            self.error = asyncio.CancelledError()
+        elif future.exception() is not None:
+            self.error = future.exception()
+        if self.error is not None:
+            log.error("response %s: log write failed: %r", self._run.id, self.error)
+            self._run.error = self.error
+            self._inflight = False
+            self._idle.set()
+            return
+        self._publish(batch)
+        self._flush()
+
+    def _publish(self, batch: Batch) -> None:
+        self._run.publish(batch)
+
+    async def drain(self) -> None:
+        """Wait until everything pushed so far is durable and published."""
+        await self._idle.wait()
+        if self.error is not None:
+            raise self.error

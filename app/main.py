@@ -1,0 +1,107 @@
+"""The application factory: ``create_app(settings)`` wires store, engine and service.
+
+Nothing happens at import time. Start-up (the lifespan) migrates the database, loads the Harmony
+encoding (offline, see :mod:`app.encoding`), starts the engine, loads or creates the reasoning key,
+closes responses a previous process left in progress, and only then reports ready on ``/health``.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from pydantic import ValidationError
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+
+from app.encoding import load_encoding
+from app.engines.protocol import Engine, EngineError
+from app.errors import APIError, handle_exception
+from app.http import routes
+from app.reasoning_crypto import ReasoningCipher, new_key
+from app.service import ResponseService
+from app.settings import Settings
+from domain.errors import DomainError
+from persistence.errors import StoreError
+from persistence.store import EventStore
+
+__all__ = ["build_engine", "create_app"]
+
+log = logging.getLogger(__name__)
+
+
+def build_engine(settings: Settings) -> Engine:
+    encoding = load_encoding()
+    names = settings.model_names
+    if settings.engine == "echo":
+        from app.engines.echo import EchoEngine
+
+        return EchoEngine(encoding, names)
+    if settings.engine == "scripted":
+        from app.engines.scripted import ScriptedEngine, load_script
+
+        if not settings.script:
+            raise SystemExit("--engine scripted needs --script FILE (or RESPONSES_LEDGER_SCRIPT)")
+        return ScriptedEngine(encoding, names, load_script(settings.script))
+    if settings.engine == "vllm":
+        from app.engines.vllm import build_vllm_engine
+
+        return build_vllm_engine(settings)
+    raise SystemExit(f"unknown engine {settings.engine!r}: use echo, scripted or vllm")
+
+
+async def open_store(settings: Settings) -> EventStore:
+    from persistence.sql import open_store as open_sql_store
+
+    return await open_sql_store(settings.database_url, commit_window_ms=settings.commit_window_ms)
+
+
+def create_app(
+    settings: Settings,
+    *,
+    engine: Engine | None = None,
+    store: EventStore | None = None,
+) -> Starlette:
+    """``engine`` and ``store`` may be given (tests); otherwise they are built from settings."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        own_store = store is None
+        the_store = store if store is not None else await open_store(settings)
+        the_engine = engine if engine is not None else build_engine(settings)
+        await the_engine.start()
+        if settings.reasoning_key:
+            key = base64.b64decode(settings.reasoning_key)
+        else:
+            key = await the_store.get_or_create_secret("reasoning_key", new_key)
+        service = ResponseService(settings, the_store, the_engine, load_encoding(), ReasoningCipher(key))
+        app.state.service = service
+        if settings.recover_on_start:
+            closed = await service.recover()
+            if closed:
+                log.warning("closed %d response(s) left in progress by a previous process", len(closed))
+        app.state.ready = True
+        try:
+            yield
+        finally:
+            app.state.ready = False
+            await service.shutdown()
+            await the_engine.stop()
+            if own_store:
+                await the_store.close()
+
+    async def http_exception(request: Any, exc: Exception) -> Any:
+        assert isinstance(exc, HTTPException)
+        return await handle_exception(request, APIError(exc.status_code, str(exc.detail)))
+
+    handled: dict[Any, Any] = {HTTPException: http_exception, Exception: handle_exception}
+    # Known errors go to ExceptionMiddleware (answered, not re-raised); Exception is the last resort.
+    for cls in (APIError, ValidationError, DomainError, EngineError, StoreError):
+        handled[cls] = handle_exception
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=handled)
+    app.state.ready = False
+    app.state.settings = settings
+    return app

@@ -1,0 +1,571 @@
+"""The service layer: creating, generating, reading and cancelling responses.
+
+``create`` validates a request completely *before* anything is generated or stored (model name,
+``tool_choice``, the ``previous_response_id`` chain, every input item, the context length), so a
+bad request is a 4xx with nothing left behind. It then writes the response row, starts one
+generation task per response (the response's only writer), and returns the live :class:`Run`.
+
+The generation task: render -> engine -> :class:`~domain.decoder.HarmonyDecoder` ->
+:class:`~domain.builder.ResponseBuilder` (which checks every event against the state machine) ->
+:class:`~app.live.LogWriter` (group commit, then publish). It survives its client going away;
+only a ``store=false`` response, which nobody could ever read again, is aborted with its stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+import os
+import time
+from collections.abc import AsyncIterator, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from openai_harmony import HarmonyEncoding
+
+from app.engines.protocol import Engine, EngineError, PromptTooLong, Sampling
+from app.errors import APIError, not_found
+from app.live import Batch, LogWriter, Run
+from app.reasoning_crypto import ReasoningCipher
+from app.settings import Settings
+from app.wire import CreateResponse
+from domain.builder import ResponseBuilder, TerminalStatus, Usage
+from domain.decoder import DecodeResult, HarmonyDecoder
+from domain.errors import InvalidInput
+from domain.events import TERMINAL_TYPES
+from domain.machine import check_log
+from domain.projections import fold, from_wire, output_as_input, sse_frame
+from domain.prompt import PromptRequest, RenderedPrompt, render_prompt
+from persistence.errors import NotFound
+from persistence.records import AuditRecord, NewResponse, StoredEvent
+from persistence.store import EventStore
+
+__all__ = ["ResponseService", "new_id"]
+
+log = logging.getLogger(__name__)
+
+#: Fields of the request that the Response object echoes back (OpenAI's behaviour).
+_ECHOED = (
+    "instructions",
+    "max_output_tokens",
+    "max_tool_calls",
+    "metadata",
+    "parallel_tool_calls",
+    "previous_response_id",
+    "prompt_cache_key",
+    "safety_identifier",
+    "service_tier",
+    "store",
+    "text",
+    "tool_choice",
+    "tools",
+    "top_logprobs",
+    "truncation",
+    "user",
+    "background",
+)
+
+
+_TERMINAL_STATUSES = frozenset({"completed", "incomplete", "failed", "cancelled"})
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{os.urandom(24).hex()}"
+
+
+def _now() -> int:
+    return int(time.time())
+
+
+def normalize_input(value: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The request's input as a list of items, each with an ``id`` (for ``input_items``).
+
+    A string becomes one user message; messages without ``type`` get ``"type": "message"``.
+    Content is kept as sent: ``domain.prompt`` renders a string and a one-part list alike.
+    """
+    if isinstance(value, str):
+        return [
+            {
+                "id": new_id("msg"),
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": value}],
+            }
+        ]
+    items: list[dict[str, Any]] = []
+    for item in value:
+        item = copy.deepcopy(item)
+        if "type" not in item and "role" in item:
+            item["type"] = "message"
+        if not item.get("id"):
+            prefix = {"message": "msg", "function_call_output": "fco", "custom_tool_call_output": "ctco"}
+            item["id"] = new_id(prefix.get(str(item.get("type")), "item"))
+        items.append(item)
+    return items
+
+
+class ResponseService:
+    def __init__(
+        self,
+        settings: Settings,
+        store: EventStore,
+        engine: Engine,
+        encoding: HarmonyEncoding,
+        cipher: ReasoningCipher,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.engine = engine
+        self.encoding = encoding
+        self.cipher = cipher
+        self._live: dict[str, Run] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    # -- models ----------------------------------------------------------------------------------
+
+    def model_names(self) -> list[str]:
+        return [*self.engine.model_names, *self.settings.model_aliases]
+
+    def resolve_model(self, name: str) -> str:
+        if name in self.engine.model_names:
+            return name
+        if name in self.settings.model_aliases:
+            return name
+        raise APIError(
+            404,
+            f"The model `{name}` does not exist or you do not have access to it.",
+            param="model",
+            code="model_not_found",
+        )
+
+    # -- create ----------------------------------------------------------------------------------
+
+    async def create(self, request: CreateResponse, body: dict[str, Any]) -> Run:
+        model = self.resolve_model(request.model)
+        if request.background and not request.store:
+            raise APIError(
+                400, "background responses require store=true.", param="background", code="invalid_value"
+            )
+        history: list[dict[str, Any]] = []
+        if request.previous_response_id:
+            history = await self._history(request.previous_response_id)
+        input_items = normalize_input(request.input)
+        rendered = self._render(request, history, input_items)
+        prompt_ids = rendered.token_ids
+        sampling = self._sampling(request, rendered, len(prompt_ids))
+
+        response_id = new_id("resp")
+        created_at = _now()
+        run = Run(
+            id=response_id,
+            store=request.store,
+            background=request.background,
+            engine_request_id=response_id,
+        )
+        skeleton = self._skeleton(request, response_id, created_at, model)
+        if request.store:
+            await self.store.create_response(
+                NewResponse(
+                    id=response_id,
+                    model=model,
+                    created_at=created_at,
+                    previous_response_id=request.previous_response_id,
+                    background=request.background,
+                    request=body,
+                    input_items=input_items,
+                )
+            )
+            self._live[response_id] = run
+        builder = ResponseBuilder(
+            skeleton,
+            new_id=new_id,
+            encrypt_reasoning=self.cipher.encrypt if request.include_encrypted_reasoning else None,
+        )
+        decoder = HarmonyDecoder(
+            self.encoding,
+            builder,
+            custom_tools=rendered.custom_names,
+            prefill=rendered.prefill.token_ids if rendered.prefill else (),
+        )
+        if request.stream:
+            run.first_queue = run.subscribe()  # before the first event can be published
+        task = asyncio.create_task(self._generate(run, builder, decoder, prompt_ids, sampling))
+        run.task = task
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return run
+
+    async def _history(self, previous_response_id: str) -> list[dict[str, Any]]:
+        try:
+            chain = await self.store.load_chain(previous_response_id)
+        except NotFound:
+            raise APIError(
+                404,
+                f"Previous response with id '{previous_response_id}' not found.",
+                param="previous_response_id",
+                code="previous_response_not_found",
+            ) from None
+        items: list[dict[str, Any]] = []
+        for link in chain:
+            items.extend(link.input_items)
+            terminal = next((e for e in reversed(link.events) if e.type in TERMINAL_TYPES), None)
+            if terminal is not None:
+                output = terminal.payload["response"].get("output", [])
+            else:  # still generating: what has finished so far
+                output = [e.payload["item"] for e in link.events if e.type == "response.output_item.done"]
+            items.extend(output_as_input(item) for item in output)
+        return items
+
+    def _render(
+        self, request: CreateResponse, history: list[dict[str, Any]], input_items: list[dict[str, Any]]
+    ) -> RenderedPrompt:
+        effort = (request.reasoning.effort if request.reasoning else None) or self.settings.default_reasoning_effort
+        prompt = PromptRequest(
+            instructions=request.instructions,
+            items=[*history, *input_items],
+            tools=request.tools,
+            tool_choice=request.tool_choice,
+            reasoning_effort=effort,
+            current_date=datetime.now(UTC).strftime("%Y-%m-%d"),
+            history_length=len(history),
+            decrypt=self.cipher.decrypt,
+        )
+        return render_prompt(self.encoding, prompt)
+
+    def _sampling(self, request: CreateResponse, rendered: RenderedPrompt, prompt_len: int) -> Sampling:
+        for token in rendered.token_ids:
+            if not 0 <= token < self.engine.vocab_size:
+                raise EngineError(f"prompt token id {token} is outside the vocabulary")
+        limit = self.engine.max_model_len
+        max_tokens = request.max_output_tokens
+        if limit is not None:
+            if prompt_len >= limit or (max_tokens is not None and prompt_len + max_tokens > limit):
+                raise PromptTooLong(prompt_len, max_tokens, limit)
+        return Sampling(
+            max_tokens=max_tokens,
+            temperature=request.temperature,
+            top_p=request.top_p,
+            seed=request.seed,
+            stop_token_ids=rendered.stop_token_ids,
+        )
+
+    def _skeleton(self, request: CreateResponse, response_id: str, created_at: int, model: str) -> dict[str, Any]:
+        data = request.model_dump()
+        skeleton: dict[str, Any] = {
+            "id": response_id,
+            "object": "response",
+            "created_at": created_at,
+            "model": model,
+            "status": "in_progress",
+            "error": None,
+            "incomplete_details": None,
+            "output": [],
+            "usage": None,
+            "temperature": request.temperature if request.temperature is not None else 1.0,
+            "top_p": request.top_p if request.top_p is not None else 1.0,
+            "reasoning": {
+                "effort": (request.reasoning.effort if request.reasoning else None)
+                or self.settings.default_reasoning_effort,
+                "summary": request.reasoning.summary if request.reasoning else None,
+            },
+        }
+        for name in _ECHOED:
+            skeleton[name] = data.get(name)
+        skeleton["metadata"] = request.metadata or {}
+        skeleton["text"] = request.text or {"format": {"type": "text"}}
+        skeleton["truncation"] = request.truncation or "disabled"
+        skeleton["service_tier"] = request.service_tier or "default"
+        skeleton["top_logprobs"] = request.top_logprobs or 0
+        return skeleton
+
+    # -- generate --------------------------------------------------------------------------------
+
+    async def _generate(
+        self,
+        run: Run,
+        builder: ResponseBuilder,
+        decoder: HarmonyDecoder,
+        prompt_ids: Sequence[int],
+        sampling: Sampling,
+    ) -> None:
+        writer = LogWriter(run, self.store.submit if run.store else None)
+        finish_reason: str | None = None
+        engine_error: str | None = None
+        cached = 0
+        output_ids: list[int] = []
+        try:
+            builder.created(queued=run.background)
+            writer.push(builder.take())
+            await writer.drain()
+            run.created_response = builder.snapshot("queued" if run.background else "in_progress")
+            run.created.set()
+            builder.in_progress()
+            writer.push(builder.take())
+            if run.store:
+                await self.store.append_audit(run.id, [AuditRecord("prompt_token_ids", tuple(prompt_ids))])
+            try:
+                async for chunk in self.engine.generate(prompt_ids, sampling, run.engine_request_id):
+                    if chunk.token_ids:
+                        output_ids.extend(chunk.token_ids)
+                        decoder.feed(chunk.token_ids)
+                        writer.push(builder.take())
+                    if chunk.num_cached_tokens is not None:
+                        cached = chunk.num_cached_tokens
+                    if chunk.finish_reason is not None:
+                        finish_reason = chunk.finish_reason
+                        engine_error = chunk.error
+                        break
+            except EngineError as exc:
+                finish_reason, engine_error = "error", str(exc)
+            except Exception as exc:  # an engine bug must not leave the response open
+                log.exception("response %s: engine failed", run.id)
+                finish_reason, engine_error = "error", f"{type(exc).__name__}: {exc}"
+            if finish_reason is None:
+                finish_reason, engine_error = "error", "the engine stopped without a finish reason"
+            result = decoder.finish(truncated=finish_reason != "stop")
+            if result.recovered:
+                log.warning(
+                    "response %s: recovered malformed model output (%s)", run.id, "; ".join(result.notes)
+                )
+            status, error, reason = self._outcome(run, finish_reason, engine_error)
+            usage = Usage(
+                input_tokens=len(prompt_ids),
+                cached_tokens=cached,
+                output_tokens=result.output_tokens,
+                reasoning_tokens=result.reasoning_tokens,
+            )
+            final = builder.finish(
+                status, usage=usage, completed_at=_now(), error=error, incomplete_reason=reason
+            )
+            writer.push(builder.take())
+            await writer.drain()
+            run.final_response = final
+            if run.store:
+                await self.store.append_audit(
+                    run.id,
+                    [
+                        AuditRecord("output_token_ids", tuple(output_ids)),
+                        AuditRecord("finish", detail=self._finish_detail(finish_reason, engine_error, result)),
+                    ],
+                )
+        except asyncio.CancelledError:
+            await self.engine.abort(run.engine_request_id)
+            raise
+        except Exception as exc:
+            log.exception("response %s: generation failed", run.id)
+            run.error = exc
+        finally:
+            self._live.pop(run.id, None)
+            run.created.set()
+            run.finished.set()
+            if run.final_response is None:
+                run.publish(Batch(0, (), terminal=True))  # wake stream readers: nothing more comes
+
+    @staticmethod
+    def _finish_detail(reason: str, error: str | None, result: DecodeResult) -> dict[str, Any]:
+        detail: dict[str, Any] = {"finish_reason": reason, "recovered": result.recovered}
+        if error:
+            detail["error"] = error
+        if result.notes:
+            detail["notes"] = result.notes
+        return detail
+
+    @staticmethod
+    def _outcome(
+        run: Run, finish_reason: str, engine_error: str | None
+    ) -> tuple[TerminalStatus, dict[str, Any] | None, str | None]:
+        if finish_reason == "stop":
+            return "completed", None, None
+        if finish_reason == "length":
+            return "incomplete", None, "max_output_tokens"
+        if finish_reason == "abort" and run.cancel_requested:
+            return "cancelled", None, None
+        message = engine_error or "generation was aborted"
+        return "failed", {"code": "server_error", "message": message}, None
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    async def get(self, response_id: str) -> dict[str, Any]:
+        row = await self.store.get(response_id)
+        if row is None:
+            raise not_found("Response", response_id)
+        if row.last_seq < 0:
+            raise APIError(409, f"Response '{response_id}' has no events yet.", code="not_ready")
+        last = await self.store.load(response_id, after_seq=row.last_seq - 1)
+        if last and last[-1].type in TERMINAL_TYPES:
+            return dict(last[-1].payload["response"])
+        events = await self.store.load(response_id)
+        return fold(from_wire(e.type, e.seq, e.payload) for e in events)
+
+    async def stream(
+        self, response_id: str, after: int = -1, *, run: Run | None = None, queue: asyncio.Queue[Batch] | None = None
+    ) -> AsyncIterator[bytes]:
+        """SSE bytes of the log after ``after``, then the live events until the terminal one.
+
+        A reader of an existing response subscribes to the live run (if this process is
+        generating it) *before* reading the store, and skips live batches it already read, so
+        nothing is missed or sent twice. The creating request passes the ``queue`` it subscribed
+        before generation started, and reads nothing from the store. A response that another
+        process is writing is followed by polling the store.
+        """
+        read_store = queue is None
+        if queue is None:
+            run = self._live.get(response_id)
+            queue = run.subscribe() if run is not None else None
+        try:
+            sent = after
+            if read_store:
+                events = await self.store.load(response_id, after_seq=after)
+                if events:
+                    yield b"".join(sse_frame(e.type, e.seq, e.payload_text()) for e in events)
+                    sent = events[-1].seq
+                    if events[-1].type in TERMINAL_TYPES:
+                        return
+                elif run is None:
+                    row = await self.store.get(response_id)
+                    if row is None or row.status in _TERMINAL_STATUSES:
+                        return  # nothing after ``after``, and nothing more will come
+            if queue is not None:
+                while True:
+                    if run is not None and run.finished.is_set() and queue.empty():
+                        return  # the run died without a terminal event (its store failed)
+                    batch: Batch = await queue.get()
+                    skip = sent + 1 - batch.first_seq
+                    if skip < len(batch.frames):
+                        yield b"".join(batch.frames[max(skip, 0) :])
+                        sent = batch.last_seq
+                    if batch.terminal:
+                        return
+            while True:  # written by another process: follow the store
+                await asyncio.sleep(0.1)
+                events = await self.store.load(response_id, after_seq=sent)
+                if events:
+                    yield b"".join(sse_frame(e.type, e.seq, e.payload_text()) for e in events)
+                    sent = events[-1].seq
+                    if events[-1].type in TERMINAL_TYPES:
+                        return
+        finally:
+            if run is not None and queue is not None:
+                run.unsubscribe(queue)
+
+    async def events(self, response_id: str) -> dict[str, Any]:
+        row = await self.store.get(response_id)
+        if row is None:
+            raise not_found("Response", response_id)
+        events = await self.store.load(response_id)
+        audit = await self.store.load_audit(response_id)
+        return {
+            "object": "list",
+            "response_id": response_id,
+            "data": [{"seq": e.seq, "type": e.type, "payload": e.payload} for e in events],
+            "audit": [
+                {"kind": a.kind, "token_ids": list(a.token_ids), "detail": a.detail} for a in audit
+            ],
+        }
+
+    async def input_items(
+        self, response_id: str, *, after: str | None, limit: int, order: str
+    ) -> dict[str, Any]:
+        if await self.store.get(response_id) is None:
+            raise not_found("Response", response_id)
+        items, has_more = await self.store.list_input_items(
+            response_id, after=after, limit=limit, order=order  # type: ignore[arg-type]
+        )
+        return {
+            "object": "list",
+            "data": items,
+            "first_id": items[0]["id"] if items else None,
+            "last_id": items[-1]["id"] if items else None,
+            "has_more": has_more,
+        }
+
+    # -- cancel, delete --------------------------------------------------------------------------
+
+    async def cancel(self, response_id: str) -> dict[str, Any]:
+        row = await self.store.get(response_id)
+        if row is None:
+            raise not_found("Response", response_id)
+        if not row.background:
+            raise APIError(400, "Only responses created with background=true can be cancelled.", code="invalid_request")
+        run = self._live.get(response_id)
+        if run is not None and not run.finished.is_set():
+            run.cancel_requested = True
+            await self.engine.abort(run.engine_request_id)
+            await run.finished.wait()
+            return await self.get(response_id)
+        response = await self.get(response_id)
+        if response["status"] in ("queued", "in_progress"):
+            raise APIError(409, f"Response '{response_id}' is being generated by another server.", code="conflict")
+        if response["status"] != "cancelled":
+            raise APIError(
+                400,
+                f"Cannot cancel a response with status '{response['status']}'.",
+                code="invalid_request",
+            )
+        return response
+
+    async def delete(self, response_id: str) -> dict[str, Any]:
+        run = self._live.get(response_id)
+        if run is not None and run.task is not None:
+            run.cancel_requested = True
+            await self.engine.abort(run.engine_request_id)
+            await run.finished.wait()
+        if not await self.store.delete(response_id):
+            raise not_found("Response", response_id)
+        return {"id": response_id, "object": "response.deleted", "deleted": True}
+
+    async def abort_unread(self, run: Run) -> None:
+        """A ``store=false`` stream's client went away: nobody can read the answer, stop it."""
+        if run.task is not None and not run.task.done():
+            run.task.cancel()
+            try:
+                await run.task
+            except asyncio.CancelledError:
+                pass
+
+    # -- start-up and shutdown -------------------------------------------------------------------
+
+    async def recover(self) -> list[str]:
+        """Close every log a previous process left without a terminal event (``response.failed``,
+        ``server_error``, "the server restarted"), closing its open item first."""
+        closed = []
+        for response_id in await self.store.unfinished():
+            if response_id in self._live:
+                continue
+            stored = await self.store.load(response_id)
+            events = [from_wire(e.type, e.seq, e.payload) for e in stored]
+            if not events:
+                continue
+            builder = ResponseBuilder.resume(events, new_id=new_id)
+            builder.finish(
+                "failed",
+                usage=None,
+                error={"code": "server_error", "message": "the server restarted"},
+            )
+            await self.store.append(response_id, _stored(builder.take()), len(events))
+            closed.append(response_id)
+            log.warning("response %s: closed at start-up (the server restarted)", response_id)
+        return closed
+
+    async def shutdown(self) -> None:
+        for run in list(self._live.values()):
+            await self.engine.abort(run.engine_request_id)
+        tasks = list(self._tasks)
+        if tasks:
+            await asyncio.wait(tasks, timeout=10)
+
+
+def _stored(events: Sequence[Any]) -> list[StoredEvent]:
+    from domain.projections import payload, payload_json
+
+    return [StoredEvent(e.sequence_number, e.type, payload(e), payload_json(e)) for e in events]
+
+
+def check_stored(events: Sequence[StoredEvent]) -> None:
+    """Run a stored log through the state machine (used by the CLI's ``events --check``)."""
+    check_log(from_wire(e.type, e.seq, e.payload) for e in events)
+
+
+__all__ += ["check_stored", "normalize_input"]
+_ = InvalidInput

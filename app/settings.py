@@ -1,0 +1,101 @@
+"""Configuration: one frozen object, built from the environment (and the command line).
+
+Every setting has an environment variable (listed in the README); the command line of
+``responses-ledger serve`` overrides it. Nothing is read at import time: ``Settings.from_env()``
+is called by the CLI (or a test) and the result is passed to ``create_app``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+__all__ = ["Settings"]
+
+DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./data/responses.db"
+
+
+def _bool(value: str) -> bool:
+    return value.strip().lower() in ("1", "true", "yes", "on")
+
+
+def _names(value: str) -> tuple[str, ...]:
+    return tuple(name.strip() for name in value.split(",") if name.strip())
+
+
+def _aliases(value: str) -> dict[str, str]:
+    """``alias=model,alias2=model`` -> {alias: model}."""
+    out: dict[str, str] = {}
+    for pair in _names(value):
+        alias, _, target = pair.partition("=")
+        if not target:
+            raise ValueError(f"RESPONSES_LEDGER_MODEL_ALIASES: {pair!r} is not alias=model")
+        out[alias.strip()] = target.strip()
+    return out
+
+
+@dataclass(frozen=True)
+class Settings:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    database_url: str = DEFAULT_DATABASE_URL
+    #: echo | scripted | vllm
+    engine: str = "echo"
+    #: The scripted engine's JSON file.
+    script: str | None = None
+    #: The model to load (vllm: a path or a name); also the served name unless one is given.
+    model: str | None = None
+    #: Names clients may send as ``model``; the first is the canonical one. Default: the model.
+    served_model_names: tuple[str, ...] = ()
+    #: Extra accepted names: alias -> served name.
+    model_aliases: Mapping[str, str] = field(default_factory=dict)
+    #: Group-commit window: events are made durable at most this long after they are produced.
+    commit_window_ms: float = 2.0
+    #: Key for encrypted reasoning (base64, 32 bytes). Default: generated once, kept in the DB.
+    reasoning_key: str | None = None
+    #: Close responses left in progress by a previous process at start-up.
+    recover_on_start: bool = True
+    #: Reasoning effort when a request gives none.
+    default_reasoning_effort: str = "medium"
+    #: Largest request body accepted, in bytes (413 above).
+    max_body_bytes: int = 16 * 1024 * 1024
+    log_level: str = "info"
+    #: Engine-specific options (vLLM engine arguments), passed through.
+    engine_options: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def model_names(self) -> tuple[str, ...]:
+        if self.served_model_names:
+            return self.served_model_names
+        if self.model:
+            return (self.model,)
+        return ("gpt-oss-20b" if self.engine == "vllm" else f"gpt-oss-{self.engine}",)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        simple = {
+            "RESPONSES_LEDGER_HOST": ("host", str),
+            "RESPONSES_LEDGER_PORT": ("port", int),
+            "DATABASE_URL": ("database_url", str),
+            "RESPONSES_LEDGER_ENGINE": ("engine", str),
+            "RESPONSES_LEDGER_SCRIPT": ("script", str),
+            "RESPONSES_LEDGER_MODEL": ("model", str),
+            "RESPONSES_LEDGER_SERVED_MODEL_NAME": ("served_model_names", _names),
+            "RESPONSES_LEDGER_MODEL_ALIASES": ("model_aliases", _aliases),
+            "RESPONSES_LEDGER_COMMIT_WINDOW_MS": ("commit_window_ms", float),
+            "RESPONSES_LEDGER_REASONING_KEY": ("reasoning_key", str),
+            "RESPONSES_LEDGER_RECOVER_ON_START": ("recover_on_start", _bool),
+            "RESPONSES_LEDGER_DEFAULT_REASONING_EFFORT": ("default_reasoning_effort", str),
+            "RESPONSES_LEDGER_MAX_BODY_BYTES": ("max_body_bytes", int),
+            "RESPONSES_LEDGER_LOG_LEVEL": ("log_level", str),
+        }
+        for var, (name, convert) in simple.items():
+            if env.get(var):
+                values[name] = convert(env[var])
+        settings = cls(**values)
+        overrides = {k: v for k, v in overrides.items() if v is not None}
+        return replace(settings, **overrides) if overrides else settings

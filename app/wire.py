@@ -1,0 +1,83 @@
+"""Wire models: what ``POST /v1/responses`` accepts, validated at the edge with pydantic.
+
+Fields OpenAI documents are typed; unknown fields are accepted (``extra="allow"``) so clients that
+send newer parameters are not refused. Input items are checked only for being JSON objects with a
+``type`` or a ``role`` here: their shapes are checked by ``domain.prompt``, which knows every item
+a client may send and answers with the exact parameter path when one is wrong.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+__all__ = ["CreateResponse", "Reasoning"]
+
+
+class Reasoning(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    effort: Literal["minimal", "low", "medium", "high"] | None = None
+    summary: Literal["auto", "concise", "detailed"] | None = None
+    generate_summary: str | None = None
+
+
+class CreateResponse(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    model: str = Field(min_length=1)
+    input: str | list[dict[str, Any]] = Field(default_factory=list)
+    instructions: str | None = None
+    previous_response_id: str | None = None
+    stream: bool = False
+    store: bool = True
+    background: bool = False
+    tools: list[dict[str, Any]] = Field(default_factory=list)
+    tool_choice: Literal["auto", "none", "required"] | dict[str, Any] = "auto"
+    max_output_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, ge=0, le=1)
+    reasoning: Reasoning | None = None
+    include: list[str] | None = None
+    metadata: dict[str, str] | None = None
+    parallel_tool_calls: bool = True
+    text: dict[str, Any] | None = None
+    user: str | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+    truncation: Literal["auto", "disabled"] | None = None
+    service_tier: str | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    max_tool_calls: int | None = Field(default=None, ge=1)
+    stream_options: dict[str, Any] | None = None
+    seed: int | None = None
+
+    @field_validator("metadata")
+    @classmethod
+    def _metadata_limits(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        if value is not None:
+            if len(value) > 16:
+                raise ValueError("at most 16 metadata keys")
+            for key, item in value.items():
+                if len(key) > 64 or len(item) > 512:
+                    raise ValueError("metadata keys are at most 64 and values at most 512 characters")
+        return value
+
+    @field_validator("tools")
+    @classmethod
+    def _tools_have_types(cls, value: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        for index, tool in enumerate(value):
+            if not isinstance(tool.get("type"), str):
+                raise ValueError(f"tools[{index}] has no 'type'")
+        return value
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _tool_choice_shape(cls, value: Any) -> Any:
+        if isinstance(value, dict) and not isinstance(value.get("type"), str):
+            raise ValueError("an object tool_choice needs a 'type'")
+        return value
+
+    @property
+    def include_encrypted_reasoning(self) -> bool:
+        return "reasoning.encrypted_content" in (self.include or [])
