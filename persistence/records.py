@@ -8,6 +8,7 @@ Payloads are JSON objects; a caller that already has the JSON text passes it as
 from __future__ import annotations
 
 import json
+import re
 import sys
 from array import array
 from collections.abc import Iterable
@@ -21,6 +22,7 @@ __all__ = [
     "NewResponse",
     "ResponseRow",
     "StoredEvent",
+    "check_json_text",
     "dump_json",
     "pack_token_ids",
     "unpack_token_ids",
@@ -30,8 +32,26 @@ JsonObject = dict[str, Any]
 
 
 def dump_json(value: Any) -> str:
-    """Compact JSON text; NaN and infinities are refused because PostgreSQL refuses them."""
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    """Compact JSON text that every backend can store.
+
+    Refused with ValueError, on every backend alike so that a response behaves the same
+    whatever the store: NaN and infinities (not JSON) and U+0000 (PostgreSQL's JSONB cannot
+    hold it); TypeError for values that are not JSON at all.
+    """
+    return check_json_text(
+        json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    )
+
+
+# An escaped NUL (\u0000) that is not itself the tail of an escaped backslash.
+_ESCAPED_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
+def check_json_text(text: str) -> str:
+    """Return ``text`` unless it holds a U+0000 character (see ``dump_json``)."""
+    if "\x00" in text or ("\\u0000" in text and _ESCAPED_NUL.search(text)):
+        raise ValueError("JSON holding U+0000 cannot be stored (PostgreSQL JSONB refuses it)")
+    return text
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +67,10 @@ class StoredEvent:
     payload_json: str | None = None
 
     def payload_text(self) -> str:
-        return self.payload_json if self.payload_json is not None else dump_json(self.payload)
+        """The JSON text to store (``payload_json`` when given, checked but not rewritten)."""
+        if self.payload_json is None:
+            return dump_json(self.payload)
+        return check_json_text(self.payload_json)
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,8 +12,9 @@ the database, and the rest of the batch goes ahead. Responses it does not know (
 replica wrote them, or they fell out of the cache) are looked up in the batch's transaction.
 
 The unique key ``(response_id, seq)`` is the last word between replicas: a batch that hits a
-constraint is rolled back and its submissions are retried one per transaction against fresh
-state from the database, so only the offending submission fails and the others commit.
+constraint (or data the database refuses) is rolled back and its submissions are retried one
+per transaction against fresh state from the database, so only the offending submission fails
+and the others commit.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from sqlalchemy import (
     select,
 )
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.exc import IntegrityError, SQLAlchemyError
+from sqlalchemy.exc import DataError, IntegrityError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from persistence.database import Synchronous, create_engine, sqlite_path
@@ -271,7 +272,8 @@ class SqlStore:
     async def _commit(self, batch: list[_Write]) -> None:
         try:
             outcomes = await self._write(batch, fresh=False)
-        except IntegrityError:
+        except (IntegrityError, DataError):
+            # One submission's rows were refused: find out which, and commit the others.
             self._forget(batch)
             for write in batch:
                 await self._commit_alone(write)
