@@ -79,28 +79,27 @@ def _now() -> int:
 
 
 def normalize_input(value: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The request's input as a list of items, each with an ``id`` (for ``input_items``).
-
-    A string becomes one user message; messages without ``type`` get ``"type": "message"``.
-    Content is kept as sent: ``domain.prompt`` renders a string and a one-part list alike.
+    """The request's input as stored and listed by ``input_items``: a list of items, each with an
+    ``id``; a string becomes one user message; messages get ``"type": "message"``, a ``status``
+    and their content as a list of parts (``input_text``, or ``output_text`` for the assistant),
+    the shape OpenAI lists them in. ``domain.prompt`` renders both shapes identically.
     """
     if isinstance(value, str):
-        return [
-            {
-                "id": new_id("msg"),
-                "type": "message",
-                "role": "user",
-                "content": [{"type": "input_text", "text": value}],
-            }
-        ]
+        value = [{"type": "message", "role": "user", "content": value}]
+    prefixes = {"message": "msg", "function_call_output": "fco", "custom_tool_call_output": "ctco"}
     items: list[dict[str, Any]] = []
-    for item in value:
-        item = copy.deepcopy(item)
+    for original in value:
+        item = copy.deepcopy(original)
         if "type" not in item and "role" in item:
             item["type"] = "message"
+        if item.get("type") == "message":
+            if isinstance(item.get("content"), str):
+                part = "output_text" if item.get("role") == "assistant" else "input_text"
+                extra = {"annotations": []} if part == "output_text" else {}
+                item["content"] = [{"type": part, "text": item["content"], **extra}]
+            item.setdefault("status", "completed")
         if not item.get("id"):
-            prefix = {"message": "msg", "function_call_output": "fco", "custom_tool_call_output": "ctco"}
-            item["id"] = new_id(prefix.get(str(item.get("type")), "item"))
+            item["id"] = new_id(prefixes.get(str(item.get("type")), "item"))
         items.append(item)
     return items
 

@@ -74,6 +74,8 @@ class EchoEngine:
         self._encoding = encoding
         self.model_names = tuple(model_names)
         self._aborted: dict[str, asyncio.Event] = {}
+        #: Request ids abort() was called for (tests check that dropped streams are aborted).
+        self.aborted_requests: list[str] = []
 
     async def start(self) -> None:
         return None
@@ -86,6 +88,7 @@ class EchoEngine:
         return True
 
     async def abort(self, request_id: str) -> None:
+        self.aborted_requests.append(request_id)
         event = self._aborted.get(request_id)
         if event is not None:
             event.set()

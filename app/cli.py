@@ -1,0 +1,140 @@
+"""The ``responses-ledger`` command.
+
+- ``serve``: run the HTTP server (migrates the database on start);
+- ``db upgrade|current``: migrate the database / show its revision;
+- ``events RESPONSE_ID``: the log as JSON lines (stream events, then audit records);
+- ``replay RESPONSE_ID``: re-emit the SSE stream from the log, byte for byte as it was streamed.
+
+Every ``serve`` option also has an environment variable (see ``app.settings``); the command line
+wins.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+from typing import Any
+
+from app.settings import Settings
+
+__all__ = ["main"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="responses-ledger", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run the HTTP server")
+    serve.add_argument("--host")
+    serve.add_argument("--port", type=int)
+    serve.add_argument("--database-url", help="default sqlite+aiosqlite:///./data/responses.db")
+    serve.add_argument("--engine", choices=["echo", "scripted", "vllm"])
+    serve.add_argument("--script", help="the scripted engine's JSON file")
+    serve.add_argument("--model", help="model path or name (vllm); default served name")
+    serve.add_argument("--served-model-name", action="append", dest="served_model_names",
+                       help="a name clients may use (repeatable)")
+    serve.add_argument("--commit-window-ms", type=float)
+    serve.add_argument("--log-level")
+    try:
+        from app.engines.vllm import add_vllm_arguments
+    except ImportError:  # the vLLM adapter module is optional
+        pass
+    else:
+        add_vllm_arguments(serve)
+
+    db = sub.add_parser("db", help="database migrations")
+    db.add_argument("action", choices=["upgrade", "current"])
+    db.add_argument("--database-url")
+
+    for name, text in (("events", "print a response's log as JSON lines"),
+                       ("replay", "re-emit a response's SSE stream from its log")):
+        cmd = sub.add_parser(name, help=text)
+        cmd.add_argument("response_id")
+        cmd.add_argument("--database-url")
+    return parser
+
+
+def _serve(args: argparse.Namespace) -> None:
+    import uvicorn
+
+    from app.main import create_app
+
+    engine_options: dict[str, Any] = {}
+    try:
+        from app.engines.vllm import vllm_options_from_args
+    except ImportError:
+        pass
+    else:
+        engine_options = vllm_options_from_args(args)
+    settings = Settings.from_env(
+        host=args.host,
+        port=args.port,
+        database_url=args.database_url,
+        engine=args.engine,
+        script=args.script,
+        model=args.model,
+        served_model_names=tuple(args.served_model_names) if args.served_model_names else None,
+        commit_window_ms=args.commit_window_ms,
+        log_level=args.log_level,
+        engine_options=engine_options or None,
+    )
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    app = create_app(settings)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
+                access_log=False)
+
+
+async def _open(url: str | None) -> Any:
+    from persistence.sql import open_store
+
+    settings = Settings.from_env(database_url=url)
+    return await open_store(settings.database_url)
+
+
+async def _events(response_id: str, url: str | None, *, replay: bool) -> int:
+    from domain.projections import sse_frame
+
+    store = await _open(url)
+    try:
+        if await store.get(response_id) is None:
+            print(f"no response {response_id}", file=sys.stderr)
+            return 1
+        events = await store.load(response_id)
+        out = sys.stdout.buffer
+        if replay:
+            for e in events:
+                out.write(sse_frame(e.type, e.seq, e.payload_text()))
+        else:
+            for e in events:
+                line = {"seq": e.seq, "type": e.type, "payload": e.payload}
+                out.write(json.dumps(line, ensure_ascii=False).encode() + b"\n")
+            for record in await store.load_audit(response_id):
+                line = {"audit": record.kind, "token_ids": list(record.token_ids), "detail": record.detail}
+                out.write(json.dumps(line).encode() + b"\n")
+        out.flush()
+        return 0
+    finally:
+        await store.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "serve":
+        _serve(args)
+        return 0
+    if args.command == "db":
+        from persistence import migrate
+
+        url = Settings.from_env(database_url=args.database_url).database_url
+        if args.action == "upgrade":
+            migrate.upgrade(url)
+        print(migrate.current(url) or "(empty)")
+        return 0
+    return asyncio.run(_events(args.response_id, args.database_url, replay=args.command == "replay"))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

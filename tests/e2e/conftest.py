@@ -1,0 +1,68 @@
+"""A real server with the scripted engine and a SQLite file, shared by the end-to-end tests.
+
+Tests queue the completions they need with ``engine.add_turns(...)`` just before their requests;
+with no queued turn the engine echoes the last user message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from openai import OpenAI
+
+from app.encoding import load_encoding
+from app.engines.scripted import ScriptedEngine
+from app.settings import Settings
+from tests.support.server import RunningServer, serve
+
+MODEL = "gpt-oss-test"
+
+
+@pytest.fixture(scope="session")
+def engine() -> ScriptedEngine:
+    return ScriptedEngine(load_encoding(), [MODEL], {"turns": []})
+
+
+@pytest.fixture(scope="session")
+def ledger(tmp_path_factory: pytest.TempPathFactory, engine: ScriptedEngine) -> Iterator[RunningServer]:
+    db: Path = tmp_path_factory.mktemp("ledger") / "responses.db"
+    settings = Settings(
+        engine="scripted",
+        database_url=f"sqlite+aiosqlite:///{db}",
+        served_model_names=(MODEL,),
+        model_aliases={"gpt-oss-alias": MODEL},
+        max_body_bytes=1_000_000,
+    )
+    with serve(settings, engine=engine) as server:
+        yield server
+
+
+@pytest.fixture
+def client(ledger: RunningServer) -> OpenAI:
+    return OpenAI(base_url=ledger.base_url + "/v1", api_key="test-key", max_retries=0, timeout=60)
+
+
+def harmony(*messages: tuple[str, str], end: str = "<|return|>") -> str:
+    """A raw completion: ``("analysis", "text")``, ``("final", "text")``,
+    ``("commentary to=functions.f <|constrain|>json", '{...}')``; messages after the first start
+    with ``<|start|>assistant``."""
+    parts = []
+    for i, (header, text) in enumerate(messages):
+        last = i == len(messages) - 1
+        prefix = "" if i == 0 else "<|start|>assistant"
+        parts.append(f"{prefix}<|channel|>{header}<|message|>{text}{end if last else '<|end|>'}")
+    return "".join(parts)
+
+
+def sse_events(raw: bytes) -> list[dict[str, Any]]:
+    import json
+
+    out = []
+    for frame in raw.split(b"\n\n"):
+        for line in frame.split(b"\n"):
+            if line.startswith(b"data: "):
+                out.append(json.loads(line[6:]))
+    return out

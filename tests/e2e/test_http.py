@@ -1,0 +1,200 @@
+"""The HTTP service driven the way clients drive it: the OpenAI SDK and raw HTTP over a socket."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import httpx
+import pytest
+from openai import OpenAI
+from openai.types.responses import Response, ResponseStreamEvent
+from pydantic import TypeAdapter
+
+from app.engines.scripted import ScriptedEngine
+from tests.e2e.conftest import MODEL, harmony, sse_events
+from tests.support.server import RunningServer
+
+STREAM_EVENT = TypeAdapter(ResponseStreamEvent)
+REASON_THEN_ANSWER = harmony(("analysis", "The user greets me."), ("final", "Hello! How can I help?"))
+
+
+def _error(resp: httpx.Response, status: int) -> dict[str, Any]:
+    assert resp.status_code == status, resp.text
+    body = resp.json()
+    assert set(body) == {"error"}
+    assert set(body["error"]) == {"message", "type", "param", "code"}
+    assert body["error"]["message"]
+    return dict(body["error"])
+
+
+def _raw_stream(ledger: RunningServer, body: dict[str, Any]) -> list[dict[str, Any]]:
+    with httpx.stream("POST", ledger.base_url + "/v1/responses", json={**body, "stream": True}, timeout=60) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        return sse_events(r.read())
+
+
+def test_stream_nonstream_and_get_agree(client: OpenAI, engine: ScriptedEngine, ledger: RunningServer) -> None:
+    engine.add_turns({"completion": REASON_THEN_ANSWER}, {"completion": REASON_THEN_ANSWER})
+    events = _raw_stream(ledger, {"model": MODEL, "input": "Hi"})
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    for event in events:
+        STREAM_EVENT.validate_python(event)  # every raw event is a valid SDK event
+    assert events[0]["type"] == "response.created" and events[1]["type"] == "response.in_progress"
+    assert events[-1]["type"] == "response.completed"
+    streamed = Response.model_validate(events[-1]["response"])
+
+    plain = client.responses.create(model=MODEL, input="Hi")
+    assert plain.status == streamed.status == "completed"
+    assert [o.type for o in plain.output] == [o.type for o in streamed.output] == ["reasoning", "message"]
+    assert plain.output_text == streamed.output_text == "Hello! How can I help?"
+
+    fetched = client.responses.retrieve(streamed.id)
+    assert fetched.model_dump() == streamed.model_dump()
+    added = [e["item"]["id"] for e in events if e["type"] == "response.output_item.added"]
+    assert added == [o.id for o in fetched.output]  # the stream's ids are the stored ids
+
+
+def test_sdk_stream_helper_accepts_our_stream(client: OpenAI, engine: ScriptedEngine) -> None:
+    engine.add_turns({"completion": REASON_THEN_ANSWER})
+    with client.responses.stream(model=MODEL, input="Hi") as stream:
+        kinds = [event.type for event in stream]
+        final = stream.get_final_response()
+    assert final.output_text == "Hello! How can I help?"
+    assert kinds.count("response.output_text.delta") > 1
+    assert client.responses.retrieve(final.id).output[1].id == final.output[1].id
+
+
+def test_resume_after_disconnect_gets_exactly_the_rest(ledger: RunningServer, engine: ScriptedEngine) -> None:
+    engine.add_turns({"completion": harmony(("final", "one two three four five six seven eight nine ten")),
+                      "token_delay_ms": 25})
+    url = ledger.base_url + "/v1/responses"
+    first: list[dict[str, Any]] = []
+    with httpx.stream("POST", url, json={"model": MODEL, "input": "count", "stream": True}, timeout=60) as r:
+        buffer = b""
+        for chunk in r.iter_raw():
+            buffer += chunk
+            while b"\n\n" in buffer and len(first) < 5:
+                frame, buffer = buffer.split(b"\n\n", 1)
+                first.extend(sse_events(frame + b"\n\n"))
+            if len(first) >= 5:
+                break  # the client goes away mid-stream
+    first = first[:5]
+    response_id = first[0]["response"]["id"]
+    with httpx.stream("GET", f"{url}/{response_id}", params={"stream": "true", "starting_after": 4}, timeout=60) as r:
+        rest = sse_events(r.read())
+    assert [e["sequence_number"] for e in rest] == list(range(5, 5 + len(rest)))
+    assert rest[-1]["type"] == "response.completed"
+    full = sse_events(httpx.get(f"{url}/{response_id}", params={"stream": "true"}, timeout=60).content)
+    assert first + rest == full
+    text = "".join(e["delta"] for e in full if e["type"] == "response.output_text.delta")
+    assert text == "one two three four five six seven eight nine ten"
+
+
+def _wait_status(client: OpenAI, response_id: str, timeout: float = 30) -> Response:
+    deadline = time.monotonic() + timeout
+    while True:
+        response = client.responses.retrieve(response_id)
+        if response.status not in ("queued", "in_progress") or time.monotonic() > deadline:
+            return response
+        time.sleep(0.05)
+
+
+def test_dropping_a_stored_stream_does_not_stop_the_response(
+    client: OpenAI, ledger: RunningServer, engine: ScriptedEngine
+) -> None:
+    engine.add_turns({"completion": harmony(("final", "a b c d e f g h i j k l")), "token_delay_ms": 20})
+    with httpx.stream("POST", ledger.base_url + "/v1/responses",
+                      json={"model": MODEL, "input": "x", "stream": True}, timeout=60) as r:
+        head = next(r.iter_raw())
+    response_id = sse_events(head)[0]["response"]["id"]
+    done = _wait_status(client, response_id)
+    assert done.status == "completed" and done.output_text == "a b c d e f g h i j k l"
+
+
+def test_dropping_an_unstored_stream_aborts_the_engine_request(
+    ledger: RunningServer, engine: ScriptedEngine
+) -> None:
+    engine.add_turns({"completion": harmony(("final", " ".join(["word"] * 200))), "token_delay_ms": 20})
+    with httpx.stream("POST", ledger.base_url + "/v1/responses",
+                      json={"model": MODEL, "input": "x", "stream": True, "store": False}, timeout=60) as r:
+        head = next(r.iter_raw())
+    response_id = sse_events(head)[0]["response"]["id"]
+    deadline = time.monotonic() + 10
+    while response_id not in engine.aborted_requests and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert response_id in engine.aborted_requests
+    # never stored, so never retrievable
+    _error(httpx.get(f"{ledger.base_url}/v1/responses/{response_id}"), 404)
+
+
+def test_input_items_pagination(client: OpenAI) -> None:
+    items = [{"role": "user", "content": f"message {i}"} for i in range(5)]
+    response = client.responses.create(model=MODEL, input=items)  # type: ignore[arg-type]
+    page = client.responses.input_items.list(response.id, limit=2, order="asc")
+    assert [i.content[0].text for i in page.data] == ["message 0", "message 1"]  # type: ignore[union-attr]
+    assert page.has_more and page.first_id == page.data[0].id and page.last_id == page.data[1].id
+    rest = client.responses.input_items.list(response.id, limit=10, order="asc", after=page.last_id)
+    assert [i.content[0].text for i in rest.data] == ["message 2", "message 3", "message 4"]  # type: ignore[union-attr]
+    assert not rest.has_more
+    newest = client.responses.input_items.list(response.id, limit=1)
+    assert newest.data[0].content[0].text == "message 4"  # type: ignore[union-attr]  # default order: desc
+
+
+def test_delete_then_everything_is_404(client: OpenAI, ledger: RunningServer) -> None:
+    response = client.responses.create(model=MODEL, input="bye")
+    deleted = httpx.delete(f"{ledger.base_url}/v1/responses/{response.id}").json()
+    assert deleted == {"id": response.id, "object": "response.deleted", "deleted": True}
+    for method, path in [("GET", ""), ("DELETE", ""), ("GET", "/input_items"), ("POST", "/cancel"), ("GET", "/events")]:
+        _error(httpx.request(method, f"{ledger.base_url}/v1/responses/{response.id}{path}"), 404)
+
+
+def test_events_endpoint_shows_the_log_and_the_audit_records(client: OpenAI, ledger: RunningServer, engine: ScriptedEngine) -> None:
+    engine.add_turns({"completion": REASON_THEN_ANSWER})
+    response = client.responses.create(model=MODEL, input="Hi")
+    log = httpx.get(f"{ledger.base_url}/v1/responses/{response.id}/events").json()
+    assert [e["seq"] for e in log["data"]] == list(range(len(log["data"])))
+    kinds = {a["kind"]: a for a in log["audit"]}
+    assert kinds["prompt_token_ids"]["token_ids"] == engine.prompts[-1]
+    assert len(kinds["output_token_ids"]["token_ids"]) == response.usage.output_tokens  # type: ignore[union-attr]
+    assert kinds["finish"]["detail"]["finish_reason"] == "stop"
+    assert response.usage.input_tokens == len(engine.prompts[-1])  # type: ignore[union-attr]
+
+
+def test_models_and_health(ledger: RunningServer) -> None:
+    models = httpx.get(ledger.base_url + "/v1/models").json()
+    assert [m["id"] for m in models["data"]] == [MODEL, "gpt-oss-alias"]
+    assert httpx.get(ledger.base_url + "/health").json() == {"status": "ok"}
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"model": MODEL, "input": "x", "temperature": 5}, "temperature"),
+        ({"model": MODEL, "input": 42}, "input"),
+        ({"input": "x"}, "model"),
+        ({"model": MODEL, "input": "x", "max_output_tokens": 0}, "max_output_tokens"),
+        ({"model": MODEL, "input": "x", "tools": [{"name": "f"}]}, "tools"),
+        ({"model": MODEL, "input": [{"type": "no_such_item"}]}, "input[0]"),
+        ({"model": MODEL, "input": "x", "background": True, "store": False}, "background"),
+    ],
+)
+def test_bad_requests_are_400_naming_the_field(ledger: RunningServer, body: dict[str, Any], param: str) -> None:
+    error = _error(httpx.post(ledger.base_url + "/v1/responses", json=body), 400)
+    assert error["type"] == "invalid_request_error"
+    assert (error["param"] or "").startswith(param), error
+
+
+def test_malformed_json_oversized_body_and_unknown_paths(ledger: RunningServer) -> None:
+    url = ledger.base_url + "/v1/responses"
+    _error(httpx.post(url, content=b"{not json", headers={"content-type": "application/json"}), 400)
+    _error(httpx.post(url, content=b"[1, 2]", headers={"content-type": "application/json"}), 400)
+    big = json.dumps({"model": MODEL, "input": "x" * 1_100_000}).encode()
+    _error(httpx.post(url, content=big, headers={"content-type": "application/json"}), 413)
+    _error(httpx.get(ledger.base_url + "/v1/nothing"), 404)
+    _error(httpx.get(url + "/resp_missing"), 404)
+    _error(httpx.get(url + "/resp_missing", params={"stream": "true"}), 404)
+    _error(httpx.get(url + "/resp_x/input_items", params={"limit": 0}), 400)
+    _error(httpx.get(url + "/resp_x/input_items", params={"order": "sideways"}), 400)
