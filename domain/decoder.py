@@ -155,6 +155,8 @@ class HarmonyDecoder:
             elif token < FIRST_SPECIAL:  # special tokens inside content are markup, not text
                 delta = self._inner.last_content_delta
                 if delta:
+                    if "<|" in delta:  # a special token's text flushed with buffered UTF-8 bytes
+                        delta = _SPECIAL.sub("", delta)
                     self._append(delta)
             return
         if token == MESSAGE:
