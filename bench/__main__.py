@@ -1,0 +1,143 @@
+"""``python -m bench``: the throughput benchmark of issue 9 (see ``bench/harness.py``).
+
+    python -m bench run                                  # everything available, full matrix
+    python -m bench run --concurrency 1,16 --reps 1 --tokens 200     # a quick look
+    python -m bench run --target naive --target naive-c16 --write-results
+    python -m bench targets                              # what can run here, and why not
+
+The load generator and the naive peer also run on their own: ``python -m bench.loadgen --help``,
+``python -m bench.naive --help``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+from bench.harness import (
+    MatrixConfig,
+    machine_info,
+    render_markdown,
+    render_table,
+    run_matrix,
+    summarize,
+    to_json,
+)
+from bench.targets import DEFAULT_SELECTION, default_targets
+
+RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split(",") if part.strip())
+
+
+def _cpus(text: str) -> str | None:
+    return None if text.lower() in ("", "none", "no") else text
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run the benchmark matrix and print a markdown table")
+    names = [t.name for t in default_targets()]
+    run.add_argument(
+        "--target",
+        action="append",
+        choices=names,
+        dest="targets",
+        help=f"repeatable; default: {', '.join(DEFAULT_SELECTION)} (when available)",
+    )
+    run.add_argument(
+        "--concurrency",
+        type=_ints,
+        default=(1, 16, 64, 256),
+        help="comma-separated stream counts (default 1,16,64,256)",
+    )
+    run.add_argument("--reps", type=int, default=3, help="measured runs per cell (median)")
+    run.add_argument("--tokens", type=int, default=1000, help="output tokens per stream")
+    run.add_argument(
+        "--total-tokens",
+        type=int,
+        default=400_000,
+        help="about this many tokens per run (each of the C workers runs "
+        "ceil(total / (C * tokens)) streams, at least one)",
+    )
+    run.add_argument(
+        "--no-latency",
+        action="store_true",
+        help="do not ask servers for token times (no latency figures)",
+    )
+    run.add_argument("--server-cpus", type=_cpus, default="0", help="taskset list, or 'none'")
+    run.add_argument("--loadgen-cpus", type=_cpus, default="1", help="taskset list, or 'none'")
+    run.add_argument("--loadgen-loop", default="auto", choices=["auto", "asyncio", "uvloop"])
+    run.add_argument("--no-warmup", action="store_true")
+    run.add_argument(
+        "--quiet-timeout",
+        type=float,
+        default=30.0,
+        help="wait up to this long for an idle machine before each run",
+    )
+    run.add_argument("--startup-timeout", type=float, default=120.0)
+    run.add_argument("--keep-workdirs", action="store_true", help="keep server logs and databases")
+    run.add_argument("--json", type=Path, help="also write every run and summary as JSON here")
+    run.add_argument(
+        "--write-results",
+        nargs="?",
+        type=Path,
+        const=RESULTS,
+        default=None,
+        metavar="PATH",
+        help=f"write the report to PATH (default {RESULTS.name})",
+    )
+    sub.add_parser("targets", help="list the targets and whether they can run here")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    targets = default_targets()
+    if args.command == "targets":
+        for t in targets:
+            reason = t.unavailable()
+            print(
+                f"{t.name:16} {'ok' if not reason else 'unavailable: ' + reason}\n"
+                f"{'':16} {t.description}"
+            )
+        return 0
+
+    wanted = args.targets or list(DEFAULT_SELECTION)
+    selected = [t for t in targets if t.name in wanted]
+    config = MatrixConfig(
+        concurrency=args.concurrency,
+        reps=args.reps,
+        tokens=args.tokens,
+        total_tokens=args.total_tokens,
+        latency=not args.no_latency,
+        server_cpus=args.server_cpus,
+        loadgen_cpus=args.loadgen_cpus,
+        loadgen_loop=args.loadgen_loop,
+        startup_timeout_s=args.startup_timeout,
+        quiet_timeout_s=args.quiet_timeout,
+        warmup=not args.no_warmup,
+        keep_workdirs=args.keep_workdirs,
+    )
+    command = shlex.join(["python", "-m", "bench", *(sys.argv[1:] if argv is None else argv)])
+    results = run_matrix(selected, config)
+    summaries = summarize(results)
+    info = machine_info()
+    print(render_table(summaries))
+    if args.json:
+        args.json.write_text(to_json(results, summaries, config, command, info))
+    if args.write_results:
+        ran = [t for t in selected if any(s.target == t.name for s in summaries)]
+        args.write_results.write_text(render_markdown(summaries, config, command, ran, info))
+        print(f"wrote {args.write_results}", file=sys.stderr)
+    failed = any(s.failure or s.errors for s in summaries)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

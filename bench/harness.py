@@ -1,0 +1,797 @@
+"""Runs targets side by side under the same load and measures what each token costs.
+
+For every concurrency level, for every target: start the server on a fresh database (pinned with
+``taskset`` to the server CPUs), run one unmeasured warm-up load, then ``reps`` measured loads with
+:mod:`bench.loadgen` (pinned to the load generator CPUs), then stop the server. Interleaving the
+targets per concurrency level keeps the ratio to the naive peer honest when the machine's speed
+drifts during a long run.
+
+Per measured run:
+
+- delivered tokens/s: delta events read by the load generator per second of its wall time;
+- latency p50/p99: engine yield to client read, from the token-times side channel;
+- server CPU µs per token: ``utime + stime`` of the server process and its descendants
+  (``/proc/<pid>/stat``, clock ticks) before and after the load, over the tokens delivered;
+  PostgreSQL's work is in its backends, reported separately as "DB µs/tok" (sum over the
+  backends connected to the run's database, ``pg_stat_activity``);
+- bytes stored per token: growth of the database over the tokens delivered. SQLite: the database
+  file plus its WAL, after a ``wal_checkpoint(TRUNCATE)`` on both sides of the run (falls back to
+  the raw sizes when the checkpoint is refused); PostgreSQL: ``pg_database_size``;
+- peak memory: ``VmHWM`` of the server, reset (``clear_refs`` 5) before each run where allowed;
+- the load generator's own CPU (if it nears 1.0 core it may be the bottleneck) and the CPU used by
+  anything else on the machine during the run ("other CPU", in cores: a noisy neighbour shows up
+  here; the harness also waits, up to ``quiet_timeout_s``, for the machine to be idle before
+  each run).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import resource
+import shlex
+import shutil
+import signal
+import socket
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from bench import token_times
+from bench.targets import (
+    POSTGRES_ADMIN_DSN,
+    POSTGRES_HOST,
+    POSTGRES_PORT,
+    REPO_ROOT,
+    Target,
+    placeholders,
+    render_argv,
+    server_env,
+)
+
+__all__ = [
+    "MatrixConfig",
+    "RunResult",
+    "Summary",
+    "machine_info",
+    "render_markdown",
+    "run_matrix",
+    "summarize",
+]
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+HOST = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class MatrixConfig:
+    concurrency: tuple[int, ...] = (1, 16, 64, 256)
+    reps: int = 3
+    tokens: int = 1000
+    #: Tokens per measured run; each worker runs ceil(total / (C * tokens)) streams, at least 1.
+    total_tokens: int = 400_000
+    latency: bool = True
+    server_cpus: str | None = "0"
+    loadgen_cpus: str | None = "1"
+    loadgen_loop: str = "auto"
+    startup_timeout_s: float = 120.0
+    stream_timeout_s: float = 300.0
+    quiet_timeout_s: float = 30.0
+    #: Foreign CPU (in cores) below which the machine counts as quiet.
+    quiet_threshold: float = 0.15
+    warmup: bool = True
+    keep_workdirs: bool = False
+    workdir_root: Path | None = None
+    log: Callable[[str], None] = field(
+        default=lambda line: print(line, file=sys.stderr, flush=True)
+    )
+
+    def streams_per_worker(self, concurrency: int) -> int:
+        per_stream = concurrency * max(1, self.tokens)
+        return max(1, -(-self.total_tokens // per_stream))
+
+
+@dataclass
+class RunResult:
+    target: str
+    concurrency: int
+    rep: int
+    streams: int = 0
+    errors: int = 0
+    error_samples: list[str] = field(default_factory=list)
+    tokens: int = 0
+    wall_s: float = 0.0
+    tokens_per_s: float = 0.0
+    latency_p50_ms: float | None = None
+    latency_p99_ms: float | None = None
+    ttft_p50_ms: float | None = None
+    server_cpu_us_per_token: float | None = None
+    server_cpu_util: float | None = None
+    db_cpu_us_per_token: float | None = None
+    loadgen_cpu_us_per_token: float | None = None
+    loadgen_cpu_util: float | None = None
+    bytes_per_token: float | None = None
+    peak_rss_mib: float | None = None
+    other_cpu_cores: float | None = None
+    quiet_wait_s: float = 0.0
+    failure: str | None = None
+
+
+# -- /proc -------------------------------------------------------------------------------------
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name may hold spaces and parentheses; fields resume after the last ')'.
+    return raw[raw.rindex(")") + 2 :].split()
+
+
+def _descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        fields = _stat_fields(int(entry.name))
+        if fields is not None:
+            children.setdefault(int(fields[1]), []).append(int(entry.name))
+    out, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        out.append(current)
+        todo.extend(children.get(current, []))
+    return out
+
+
+def _cpu_ticks(pids: Iterable[int]) -> dict[int, int]:
+    """utime + stime + cutime + cstime per live pid (fields 14-17 of /proc/<pid>/stat)."""
+    ticks = {}
+    for pid in pids:
+        fields = _stat_fields(pid)
+        if fields is not None:
+            ticks[pid] = sum(int(v) for v in fields[11:15])
+    return ticks
+
+
+def _tree_cpu_s(pid: int) -> dict[int, int]:
+    return _cpu_ticks(_descendants(pid))
+
+
+def _delta_s(before: dict[int, int], after: dict[int, int]) -> float:
+    return sum(t - before.get(pid, 0) for pid, t in after.items()) / CLK_TCK
+
+
+def _system_busy_s() -> float:
+    """CPU seconds spent busy by all CPUs since boot (user+nice+system+irq+softirq+steal)."""
+    with open("/proc/stat") as f:
+        fields = f.readline().split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / CLK_TCK
+
+
+def _vm_hwm_mib(pid: int) -> float | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+def _reset_hwm(pid: int) -> bool:
+    try:
+        Path(f"/proc/{pid}/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return True
+
+
+def _wait_quiet(config: MatrixConfig) -> float:
+    """Wait until the machine is idle (nothing of ours runs now); returns the seconds waited."""
+    start = time.monotonic()
+    while True:
+        b0, t0 = _system_busy_s(), time.monotonic()
+        time.sleep(0.5)
+        busy = (_system_busy_s() - b0) / (time.monotonic() - t0)
+        waited = time.monotonic() - start
+        if busy <= config.quiet_threshold or waited >= config.quiet_timeout_s:
+            if busy > config.quiet_threshold:
+                config.log(
+                    f"  machine still busy ({busy:.2f} cores) after {waited:.0f} s; going on"
+                )
+            return waited if waited > 0.6 else 0.0
+
+
+# -- databases ---------------------------------------------------------------------------------
+
+
+class _NoDatabase:
+    url: str | None = None
+
+    def create(self) -> None: ...
+
+    def size(self) -> int | None:
+        return None
+
+    def backend_cpu(self) -> dict[int, int]:
+        return {}
+
+    def drop(self) -> None: ...
+
+
+class _SqliteDatabase(_NoDatabase):
+    def __init__(self, workdir: Path) -> None:
+        self.path = workdir / "ledger.db"
+        self.url = f"sqlite+aiosqlite:///{self.path}"
+
+    def size(self) -> int | None:
+        if not self.path.exists():
+            return 0
+        try:
+            con = sqlite3.connect(self.path, timeout=5)
+            try:
+                con.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+            finally:
+                con.close()
+        except sqlite3.Error:
+            pass
+        total = 0
+        for suffix in ("", "-wal"):
+            p = Path(f"{self.path}{suffix}")
+            if p.exists():
+                total += p.stat().st_size
+        return total
+
+
+def _pg(coro_fn: Callable[[Any], Any], dsn: str = POSTGRES_ADMIN_DSN) -> Any:
+    import asyncpg
+
+    async def run() -> Any:
+        con = await asyncpg.connect(dsn, timeout=10)
+        try:
+            return await coro_fn(con)
+        finally:
+            await con.close()
+
+    return asyncio.run(run())
+
+
+class _PostgresDatabase(_NoDatabase):
+    def __init__(self) -> None:
+        self.name = f"bench_{uuid.uuid4().hex[:12]}"
+        self.url = f"postgresql+asyncpg://postgres@{POSTGRES_HOST}:{POSTGRES_PORT}/{self.name}"
+
+    def create(self) -> None:
+        _pg(lambda con: con.execute(f'CREATE DATABASE "{self.name}"'))
+
+    def size(self) -> int | None:
+        return _pg(lambda con: con.fetchval("SELECT pg_database_size($1)", self.name))
+
+    def backend_cpu(self) -> dict[int, int]:
+        pids = _pg(
+            lambda con: con.fetch("SELECT pid FROM pg_stat_activity WHERE datname = $1", self.name)
+        )
+        return _cpu_ticks(int(r["pid"]) for r in pids)
+
+    def drop(self) -> None:
+        _pg(lambda con: con.execute(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)'))
+
+
+def _database_for(target: Target, workdir: Path) -> _NoDatabase:
+    if target.database == "sqlite":
+        return _SqliteDatabase(workdir)
+    if target.database == "postgres":
+        return _PostgresDatabase()
+    return _NoDatabase()
+
+
+# -- processes ---------------------------------------------------------------------------------
+
+
+def _pinned(cpus: str | None, argv: Sequence[str]) -> list[str]:
+    if cpus is None or shutil.which("taskset") is None:
+        return list(argv)
+    return ["taskset", "-c", cpus, *argv]
+
+
+def usable_cpus(config: MatrixConfig) -> MatrixConfig:
+    """Drop pinning the machine cannot honour (fewer CPUs than asked for, no taskset)."""
+    available = os.sched_getaffinity(0)
+    wanted = set()
+    for spec in (config.server_cpus, config.loadgen_cpus):
+        if spec is None:
+            continue
+        for part in spec.split(","):
+            lo, _, hi = part.partition("-")
+            wanted.update(range(int(lo), int(hi or lo) + 1))
+    if shutil.which("taskset") is None or not wanted <= available:
+        config.log(
+            f"not pinning: CPUs {sorted(wanted)} requested, {sorted(available)} available"
+            f"{'' if shutil.which('taskset') else ', no taskset'}"
+        )
+        return replace(config, server_cpus=None, loadgen_cpus=None)
+    return config
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+class _Server:
+    def __init__(self, argv: list[str], env: dict[str, str], log_path: Path) -> None:
+        self.log_path = log_path
+        self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            argv,
+            env=env,
+            cwd=REPO_ROOT,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def wait_ready(self, port: int, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}: {self.log_tail()}")
+            try:
+                with socket.create_connection((HOST, port), timeout=0.5):
+                    return
+            except OSError:
+                time.sleep(0.1)
+        raise RuntimeError(f"server not listening on {port} after {timeout_s} s: {self.log_tail()}")
+
+    def log_tail(self, chars: int = 1500) -> str:
+        self._log.flush()
+        try:
+            return self.log_path.read_bytes()[-chars:].decode(errors="replace")
+        except OSError:
+            return "?"
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGINT)
+                self.proc.wait(timeout=15)
+            except (subprocess.TimeoutExpired, ProcessLookupError):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=15)
+        self._log.close()
+
+
+def _run_loadgen(
+    config: MatrixConfig,
+    target: Target,
+    port: int,
+    concurrency: int,
+    streams_per_worker: int,
+    times_dir: Path | None,
+    out: Path,
+) -> dict:
+    body = json.dumps(target.body(config.tokens))
+    argv = [
+        sys.executable,
+        "-m",
+        "bench.loadgen",
+        "--url",
+        f"http://{HOST}:{port}/v1/responses",
+        "--concurrency",
+        str(concurrency),
+        "--streams-per-worker",
+        str(streams_per_worker),
+        "--body",
+        body,
+        "--timeout",
+        str(config.stream_timeout_s),
+        "--loop",
+        config.loadgen_loop,
+        "--out",
+        str(out),
+    ]
+    expected = target.expected_events(config.tokens)
+    if expected is not None:
+        argv += ["--expected-events", str(expected)]
+    if times_dir is not None:
+        argv += ["--token-times-dir", str(times_dir), "--token-offset", str(target.token_offset)]
+    proc = subprocess.Popen(
+        _pinned(config.loadgen_cpus, argv), cwd=REPO_ROOT, stderr=subprocess.PIPE
+    )
+    _, stderr = proc.communicate()
+    if proc.returncode != 0:
+        raise RuntimeError(
+            f"load generator failed ({proc.returncode}): {stderr.decode(errors='replace')[-1500:]}"
+        )
+    return json.loads(out.read_text())
+
+
+# -- one server, several runs ------------------------------------------------------------------
+
+
+def _clear(directory: Path) -> None:
+    for entry in directory.iterdir():
+        entry.unlink()
+
+
+def _measure(
+    config: MatrixConfig,
+    target: Target,
+    server: _Server,
+    database: _NoDatabase,
+    port: int,
+    concurrency: int,
+    rep: int,
+    workdir: Path,
+    times_dir: Path | None,
+) -> RunResult:
+    result = RunResult(target.name, concurrency, rep)
+    result.quiet_wait_s = _wait_quiet(config)
+    if times_dir is not None:
+        _clear(times_dir)
+    hwm_reset = _reset_hwm(server.pid)
+    size0 = database.size()
+    db_cpu0 = database.backend_cpu()
+    cpu0 = _tree_cpu_s(server.pid)
+    busy0, window0 = _system_busy_s(), time.monotonic()
+    lg_self0 = _children_cpu_s()
+
+    report = _run_loadgen(
+        config,
+        target,
+        port,
+        concurrency,
+        config.streams_per_worker(concurrency),
+        times_dir,
+        workdir / f"loadgen-{concurrency}-{rep}.json",
+    )
+
+    busy1, window1 = _system_busy_s(), time.monotonic()
+    lg_self1 = _children_cpu_s()
+    cpu1 = _tree_cpu_s(server.pid)
+    db_cpu1 = database.backend_cpu()
+    size1 = database.size()
+
+    tokens = report["tokens"]
+    wall = report["wall_s"]
+    server_s = _delta_s(cpu0, cpu1)
+    db_s = _delta_s(db_cpu0, db_cpu1)
+    result.streams = report["streams"]
+    result.errors = report["error_count"]
+    result.error_samples = report["errors"][:3]
+    result.tokens = tokens
+    result.wall_s = wall
+    result.tokens_per_s = report["tokens_per_s"]
+    latency = report.get("latency_ms")
+    if latency and latency["streams_without_file"] and rep == 0:
+        config.log(
+            f"  {latency['streams_without_file']} of {report['streams']} streams have no "
+            f"token-times file: does the server implement {token_times.ENV_VAR}?"
+        )
+    if latency and latency["n"]:
+        result.latency_p50_ms = latency["p50"]
+        result.latency_p99_ms = latency["p99"]
+    if report["ttft_ms"]["n"]:
+        result.ttft_p50_ms = report["ttft_ms"]["p50"]
+    if tokens:
+        result.server_cpu_us_per_token = server_s * 1e6 / tokens
+        result.loadgen_cpu_us_per_token = report["loadgen_cpu_s"] * 1e6 / tokens
+        if database.url is not None and target.database == "postgres":
+            result.db_cpu_us_per_token = db_s * 1e6 / tokens
+        if size0 is not None and size1 is not None:
+            result.bytes_per_token = (size1 - size0) / tokens
+    if wall:
+        result.server_cpu_util = server_s / wall
+        result.loadgen_cpu_util = report["loadgen_cpu_util"]
+        # Everything busy during the load generator's life that was not the server, the load
+        # generator or our database backends (their start-up is short and counted as ours).
+        ours = server_s + (lg_self1 - lg_self0) + db_s
+        result.other_cpu_cores = max(0.0, (busy1 - busy0) - ours) / (window1 - window0)
+    # Without the reset (not allowed here) this is the peak since the server started.
+    result.peak_rss_mib = _vm_hwm_mib(server.pid)
+    if not hwm_reset and rep == 0:
+        config.log("  could not reset VmHWM: peak RSS is since the server started")
+    return result
+
+
+def _children_cpu_s() -> float:
+    """CPU seconds of this process's waited-for children (the load generators)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _run_target(config: MatrixConfig, target: Target, concurrency: int) -> list[RunResult]:
+    workdir = Path(
+        tempfile.mkdtemp(prefix=f"bench-{target.name}-c{concurrency}-", dir=config.workdir_root)
+    )
+    times_dir = workdir / "token_times" if config.latency else None
+    if times_dir is not None:
+        times_dir.mkdir()
+    database = _database_for(target, workdir)
+    server: _Server | None = None
+    results: list[RunResult] = []
+    try:
+        database.create()
+        port = _free_port()
+        values = placeholders(HOST, port, workdir, database.url)
+        values.update(target.prepare(workdir, config.tokens))
+        extra_env = {token_times.ENV_VAR: str(times_dir)} if times_dir is not None else {}
+        argv = _pinned(config.server_cpus, render_argv(target, values))
+        config.log(f"[{target.name} C={concurrency}] {shlex.join(argv)}")
+        server = _Server(argv, server_env(target, extra_env), workdir / "server.log")
+        server.wait_ready(port, config.startup_timeout_s)
+        if config.warmup:
+            _wait_quiet(config)
+            warm = _run_loadgen(
+                config, target, port, min(concurrency, 16), 1, None, workdir / "warmup.json"
+            )
+            if warm["error_count"]:
+                config.log(f"  warm-up errors: {warm['errors'][:3]}")
+        for rep in range(config.reps):
+            result = _measure(
+                config, target, server, database, port, concurrency, rep, workdir, times_dir
+            )
+            config.log(
+                f"  rep {rep}: {result.tokens_per_s:,.0f} tok/s, "
+                f"server {_fmt(result.server_cpu_us_per_token, 2)} µs/tok, "
+                f"p50 {_fmt(result.latency_p50_ms, 3)} ms, errors {result.errors}, "
+                f"other CPU {_fmt(result.other_cpu_cores, 2)}"
+            )
+            if result.errors:
+                config.log(f"  errors: {result.error_samples}")
+            results.append(result)
+    except Exception as exc:  # a target that fails must not stop the others
+        message = f"{type(exc).__name__}: {exc}"
+        config.log(f"  FAILED: {message}")
+        results.append(RunResult(target.name, concurrency, len(results), failure=message))
+    finally:
+        if server is not None:
+            server.stop()
+        try:
+            database.drop()
+        except Exception as exc:
+            config.log(f"  could not drop the database: {exc}")
+        if config.keep_workdirs:
+            config.log(f"  kept {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+    return results
+
+
+def run_matrix(targets: Sequence[Target], config: MatrixConfig) -> list[RunResult]:
+    """Run every target at every concurrency level; skips targets that are unavailable."""
+    config = usable_cpus(config)
+    runnable = []
+    for target in targets:
+        reason = target.unavailable()
+        if reason:
+            config.log(f"skipping {target.name}: {reason}")
+        else:
+            runnable.append(target)
+    results: list[RunResult] = []
+    for concurrency in config.concurrency:
+        for target in runnable:
+            results.extend(_run_target(config, target, concurrency))
+    return results
+
+
+# -- summaries and the table -------------------------------------------------------------------
+
+
+@dataclass
+class Summary:
+    target: str
+    concurrency: int
+    reps: int
+    tokens_per_s: float | None
+    spread_pct: float | None
+    ratio_to_naive: float | None
+    latency_p50_ms: float | None
+    latency_p99_ms: float | None
+    ttft_p50_ms: float | None
+    server_cpu_us_per_token: float | None
+    server_cpu_util: float | None
+    db_cpu_us_per_token: float | None
+    loadgen_cpu_us_per_token: float | None
+    loadgen_cpu_util: float | None
+    bytes_per_token: float | None
+    peak_rss_mib: float | None
+    other_cpu_cores: float | None
+    errors: int
+    failure: str | None
+
+
+def _median(values: Iterable[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
+def summarize(results: Sequence[RunResult], reference: str = "naive") -> list[Summary]:
+    groups: dict[tuple[str, int], list[RunResult]] = {}
+    for r in results:
+        groups.setdefault((r.target, r.concurrency), []).append(r)
+    medians: dict[tuple[str, int], float | None] = {}
+    for key, runs in groups.items():
+        medians[key] = _median(r.tokens_per_s for r in runs if r.failure is None)
+    out = []
+    for (name, c), runs in groups.items():
+        ok = [r for r in runs if r.failure is None]
+        tps = medians[(name, c)]
+        ref = medians.get((reference, c))
+        spread = None
+        if tps and len(ok) > 1:
+            spread = (max(r.tokens_per_s for r in ok) - min(r.tokens_per_s for r in ok)) / tps * 100
+
+        def m(attr: str, runs: list[RunResult] = ok) -> float | None:
+            return _median(getattr(r, attr) for r in runs)
+
+        out.append(
+            Summary(
+                target=name,
+                concurrency=c,
+                reps=len(ok),
+                tokens_per_s=tps,
+                spread_pct=spread,
+                ratio_to_naive=(tps / ref) if tps and ref else None,
+                latency_p50_ms=m("latency_p50_ms"),
+                latency_p99_ms=m("latency_p99_ms"),
+                ttft_p50_ms=m("ttft_p50_ms"),
+                server_cpu_us_per_token=m("server_cpu_us_per_token"),
+                server_cpu_util=m("server_cpu_util"),
+                db_cpu_us_per_token=m("db_cpu_us_per_token"),
+                loadgen_cpu_us_per_token=m("loadgen_cpu_us_per_token"),
+                loadgen_cpu_util=m("loadgen_cpu_util"),
+                bytes_per_token=m("bytes_per_token"),
+                peak_rss_mib=max((r.peak_rss_mib for r in ok if r.peak_rss_mib), default=None),
+                other_cpu_cores=m("other_cpu_cores"),
+                errors=sum(r.errors for r in runs),
+                failure=next((r.failure for r in runs if r.failure), None),
+            )
+        )
+    return out
+
+
+def _fmt(value: float | None, digits: int = 0, suffix: str = "") -> str:
+    if value is None:
+        return "-"
+    return f"{value:,.{digits}f}{suffix}"
+
+
+_COLUMNS = (
+    ("target", lambda s: s.target),
+    ("C", lambda s: str(s.concurrency)),
+    ("tokens/s", lambda s: _fmt(s.tokens_per_s)),
+    ("spread", lambda s: _fmt(s.spread_pct, 0, "%")),
+    ("ratio", lambda s: _fmt(s.ratio_to_naive, 2)),
+    ("p50 ms", lambda s: _fmt(s.latency_p50_ms, 3)),
+    ("p99 ms", lambda s: _fmt(s.latency_p99_ms, 2)),
+    ("TTFT p50 ms", lambda s: _fmt(s.ttft_p50_ms, 1)),
+    ("server µs/tok", lambda s: _fmt(s.server_cpu_us_per_token, 2)),
+    ("server CPU", lambda s: _fmt(s.server_cpu_util, 2)),
+    ("DB µs/tok", lambda s: _fmt(s.db_cpu_us_per_token, 2)),
+    ("loadgen µs/tok", lambda s: _fmt(s.loadgen_cpu_us_per_token, 2)),
+    ("loadgen CPU", lambda s: _fmt(s.loadgen_cpu_util, 2)),
+    ("bytes/tok", lambda s: _fmt(s.bytes_per_token, 0)),
+    ("peak RSS MiB", lambda s: _fmt(s.peak_rss_mib, 0)),
+    ("other CPU", lambda s: _fmt(s.other_cpu_cores, 2)),
+    ("errors", lambda s: s.failure[:60] if s.failure else str(s.errors)),
+)
+
+
+def render_table(summaries: Sequence[Summary]) -> str:
+    head = "| " + " | ".join(name for name, _ in _COLUMNS) + " |"
+    rule = "|" + "|".join("---" if i < 1 else "--:" for i in range(len(_COLUMNS))) + "|"
+    rows = ["| " + " | ".join(get(s) for _, get in _COLUMNS) + " |" for s in summaries]
+    return "\n".join([head, rule, *rows])
+
+
+def _version(module: str) -> str | None:
+    try:
+        from importlib.metadata import version
+
+        return version(module)
+    except Exception:
+        return None
+
+
+def machine_info() -> dict[str, Any]:
+    model = "?"
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
+        for line in out.splitlines():
+            if line.startswith("Model name:"):
+                model = line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return {
+        "cpu_model": model,
+        "cpus": os.cpu_count(),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "packages": {
+            name: _version(name)
+            for name in ("uvicorn", "starlette", "sse-starlette", "uvloop", "httptools", "h11")
+        },
+        "sqlite": sqlite3.sqlite_version,
+    }
+
+
+def render_markdown(
+    summaries: Sequence[Summary],
+    config: MatrixConfig,
+    command: str,
+    targets: Sequence[Target],
+    info: dict[str, Any],
+) -> str:
+    now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    packages = ", ".join(f"{k} {v}" for k, v in info["packages"].items() if v)
+    pin = (
+        f"server `taskset -c {config.server_cpus}`, load generator `taskset -c "
+        f"{config.loadgen_cpus}`"
+        if config.server_cpus is not None
+        else "not pinned"
+    )
+    lines = [
+        "# Benchmark results",
+        "",
+        f"- Date: {now}",
+        f"- Machine: {info['cpu_model']}, {info['cpus']} CPUs, Linux {info['kernel']}, "
+        f"Python {info['python']}; {packages}; SQLite {info['sqlite']}",
+        f"- Command: `{command}`",
+        f"- Load: {config.tokens} tokens per stream, about {config.total_tokens:,} tokens per "
+        f"run, {config.reps} run(s) per cell (medians), {pin}",
+        "- Targets: " + "; ".join(f"**{t.name}**: {t.description}" for t in targets),
+        "",
+        render_table(summaries),
+        "",
+        "tokens/s: delta events delivered per second over all streams. ratio: tokens/s over the "
+        "naive peer at the same C. p50/p99: engine yield → client read of each token. "
+        "TTFT: request sent → first delta read. server µs/tok: CPU (user+sys) of the server "
+        "process tree per token; server CPU: cores used. DB µs/tok: PostgreSQL backends. "
+        "bytes/tok: database growth per token. other CPU: cores used by anything else "
+        "during the run (noise).",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def to_json(
+    results: Sequence[RunResult],
+    summaries: Sequence[Summary],
+    config: MatrixConfig,
+    command: str,
+    info: dict[str, Any],
+) -> str:
+    cfg = {k: v for k, v in asdict(config).items() if k != "log"}
+    cfg["workdir_root"] = str(cfg["workdir_root"]) if cfg["workdir_root"] else None
+    return json.dumps(
+        {
+            "command": command,
+            "machine": info,
+            "config": cfg,
+            "summaries": [asdict(s) for s in summaries],
+            "runs": [asdict(r) for r in results],
+        },
+        indent=1,
+    )

@@ -1,0 +1,587 @@
+"""A load generator for ``POST /v1/responses`` SSE streams, cheap enough to out-run one server core.
+
+It runs in its own process (the harness pins it to its own core) and opens ``C`` keep-alive
+HTTP/1.1 connections; each connection issues ``K`` streaming requests one after the other, so
+``C`` streams are in flight at all times. Every stream is read to its end.
+
+Why a hand-rolled client: a general HTTP client plus an SSE parser costs tens of microseconds per
+event in Python, as much as the server being measured, so the load generator would become the
+bottleneck. Here each ``data_received`` call (which usually carries many events under load) costs
+a few ``bytes`` operations whatever the number of events in it:
+
+- chunked transfer coding is undone chunk by chunk (sizes parsed, payload sliced);
+- SSE frames are counted, not parsed: the count of frame separators (``\\n\\n`` or
+  ``\\r\\n\\r\\n``, detected on the first frame) minus comment frames; delta events are counted as
+  occurrences of ``.delta"`` (the end of a ``"type":"response.*.delta"`` value);
+- one regex search per read checks ``sequence_number``: the last complete frame's number must
+  equal the number of events read so far minus one, so numbers are 0-based and contiguous and an
+  event's ``sequence_number`` is its ordinal in the stream;
+- the first frame is parsed as JSON once per stream, for ``response.id``; the last frame's type
+  must be ``response.completed``, and the event count must equal the expected count when given.
+
+Read times are ``time.monotonic_ns()`` taken once per ``data_received`` and stored per read as
+(time, deltas so far), so the ``i``-th delta's read time is that of the read that completed it.
+With ``--token-times-dir`` the server's side files (:mod:`bench.token_times`) are joined after
+the run to give the latency from the engine yielding a token to the client reading its delta.
+
+The JSON report: delivered tokens/s (delta events read, all streams, over the wall time from the
+first request to the last stream's end), events/s, stream count, errors, per-stream event counts,
+latency percentiles and samples, time to first delta, and the load generator's own CPU time over
+the same window (if its CPU use approaches its wall time, the load generator is the bottleneck).
+
+Run: ``python -m bench.loadgen --url http://127.0.0.1:8123 --concurrency 16 --streams-per-worker
+4 --body '{"model":"gpt-oss-20b","input":"hi","stream":true,"max_output_tokens":1000}'
+--expected-events 1008``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import resource
+import sys
+import time
+from array import array
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from pathlib import Path
+from time import monotonic_ns
+from typing import Any
+from urllib.parse import urlsplit
+
+from bench import token_times
+
+__all__ = ["LoadConfig", "StreamReader", "main", "run_load"]
+
+_SEQ = re.compile(rb'"sequence_number"\s*:\s*(\d+)')
+_TYPE = re.compile(rb'"type"\s*:\s*"([^"]+)"')
+_DELTA = b'.delta"'
+_MAX_ERROR_BODY = 2048
+
+
+class StreamReader:
+    """Reads one HTTP/1.1 response carrying an SSE stream; fed raw bytes as they arrive.
+
+    Pure (no I/O), so it is tested by feeding it a recorded response split at every offset.
+    """
+
+    __slots__ = (
+        "_body_done",
+        "_cbuf",
+        "_head",
+        "_last_frame",
+        "_length_left",
+        "_sbuf",
+        "batch_deltas",
+        "batch_ns",
+        "chunked",
+        "deltas",
+        "done",
+        "error",
+        "error_body",
+        "events",
+        "expected_events",
+        "first_delta_ns",
+        "last_type",
+        "response_id",
+        "sep",
+        "status",
+        "t_end",
+        "t_start",
+        "until_close",
+    )
+
+    def __init__(self, expected_events: int | None = None) -> None:
+        self.expected_events = expected_events
+        self._head: bytes | None = b""
+        self.status = 0
+        self.chunked = False
+        self.until_close = False
+        self._length_left = 0
+        self._body_done = False
+        self._cbuf = b""
+        self._sbuf = b""
+        self._last_frame = b""
+        self.sep: bytes | None = None
+        self.events = 0
+        self.deltas = 0
+        self.batch_ns = array("q")  # read time of each read that completed >= 1 delta
+        self.batch_deltas = array("q")  # deltas read so far, after that read
+        self.response_id: str | None = None
+        self.last_type: str | None = None
+        self.error: str | None = None
+        self.error_body = b""
+        self.done = False
+        self.t_start = 0
+        self.first_delta_ns = 0
+        self.t_end = 0
+
+    # -- feeding ---------------------------------------------------------------------------------
+
+    def feed(self, data: bytes, now: int) -> None:
+        if self.done:
+            if data.strip():
+                self._fail("bytes after the end of the response")
+            return
+        if self._head is not None:
+            head = self._head + data
+            i = head.find(b"\r\n\r\n")
+            if i < 0:
+                if len(head) > 65536:
+                    self._fail("response head too long")
+                    self._finish(now)
+                    return
+                self._head = head
+                return
+            self._head = None
+            self._parse_head(head[:i])
+            data = head[i + 4 :]
+            if self.done:
+                return
+        if self.chunked:
+            body = self._dechunk(data)
+            finished = self._body_done
+        elif self.until_close:
+            body, finished = data, False
+        else:
+            body = data[: self._length_left]
+            self._length_left -= len(body)
+            finished = self._length_left == 0
+        if body:
+            if self.status == 200:
+                self._sse(body, now)
+            elif len(self.error_body) < _MAX_ERROR_BODY:
+                self.error_body += body[: _MAX_ERROR_BODY - len(self.error_body)]
+        if finished:
+            self._finish(now)
+
+    def connection_closed(self, now: int) -> None:
+        if self.done:
+            return
+        if not self.until_close:
+            self._fail("connection closed before the end of the response")
+        self._finish(now)
+
+    # -- HTTP ------------------------------------------------------------------------------------
+
+    def _parse_head(self, head: bytes) -> None:
+        lines = head.split(b"\r\n")
+        parts = lines[0].split(b" ", 2)
+        try:
+            self.status = int(parts[1])
+        except (IndexError, ValueError):
+            self._fail(f"bad status line {lines[0][:80]!r}")
+            self._finish(0)
+            return
+        length: int | None = None
+        for line in lines[1:]:
+            name, _, value = line.partition(b":")
+            name = name.strip().lower()
+            if name == b"transfer-encoding" and b"chunked" in value.lower():
+                self.chunked = True
+            elif name == b"content-length":
+                length = int(value.strip())
+        if self.chunked:
+            return
+        if length is None:
+            self.until_close = True
+        else:
+            self._length_left = length
+            if length == 0:
+                self._finish(0)
+
+    def _dechunk(self, data: bytes) -> bytes:
+        """Undo chunked transfer coding, whole chunks at a time; sets ``_body_done`` at the end.
+
+        A chunk that has not fully arrived stays in ``_cbuf`` until it has: simpler and cheaper
+        per chunk than emitting partial chunks, and chunks are one server write each.
+        """
+        buf = self._cbuf + data if self._cbuf else data
+        end = len(buf)
+        pos = 0
+        out: list[bytes] = []
+        find = buf.find
+        while True:
+            nl = find(b"\r\n", pos)
+            if nl < 0:
+                break
+            try:
+                size = int(buf[pos:nl], 16)
+            except ValueError:  # chunk extensions
+                size = int(buf[pos:nl].split(b";", 1)[0], 16)
+            start = nl + 2
+            stop = start + size
+            if stop + 2 > end:
+                break
+            if size == 0:  # the last chunk, then trailer fields (usually none), then CRLF
+                if find(b"\r\n\r\n", nl) < 0:
+                    break
+                self._body_done = True
+                pos = end
+                break
+            out.append(buf[start:stop])
+            pos = stop + 2
+        self._cbuf = buf[pos:] if pos < end else b""
+        if len(out) == 1:
+            return out[0]
+        return b"".join(out)
+
+    # -- SSE -------------------------------------------------------------------------------------
+
+    def _sse(self, body: bytes, now: int) -> None:
+        if self._sbuf:
+            body = self._sbuf + body
+        sep = self.sep
+        if sep is None:
+            lf = body.find(b"\n\n")
+            crlf = body.find(b"\r\n\r\n")
+            if lf < 0 and crlf < 0:
+                self._sbuf = body
+                return
+            sep = self.sep = b"\r\n\r\n" if crlf >= 0 and (lf < 0 or crlf < lf) else b"\n\n"
+        end = body.rfind(sep)
+        if end < 0:
+            self._sbuf = body
+            return
+        cut = end + len(sep)
+        if cut == len(body):
+            complete = body
+            self._sbuf = b""
+        else:
+            complete = body[:cut]
+            self._sbuf = body[cut:]
+        n = complete.count(sep)
+        if complete[:1] == b":":  # a comment frame (sse-starlette's ping)
+            n -= 1
+        comment_marker = sep + b":"
+        if comment_marker in complete:
+            n -= complete.count(comment_marker)
+        if n <= 0:
+            return
+        if self.events == 0:
+            self._first_frame(complete[: complete.find(sep)])
+        self.events += n
+        d = complete.count(_DELTA)
+        if d:
+            self.deltas += d
+            self.batch_ns.append(now)
+            self.batch_deltas.append(self.deltas)
+            if not self.first_delta_ns:
+                self.first_delta_ns = now
+        k = complete.rfind(sep, 0, cut - len(sep))
+        last = complete[k + len(sep) :] if k >= 0 else complete
+        if last[:1] == b":":
+            return
+        self._last_frame = last
+        m = _SEQ.search(last)
+        if m is not None and int(m.group(1)) != self.events - 1 and self.error is None:
+            self._fail(f"sequence_number {int(m.group(1))} on event #{self.events - 1}")
+
+    def _first_frame(self, frame: bytes) -> None:
+        for line in frame.splitlines():
+            if line.startswith(b"data:"):
+                try:
+                    event = json.loads(line[5:])
+                    self.response_id = event["response"]["id"]
+                except (ValueError, KeyError, TypeError):
+                    self._fail(f"first event has no response.id: {frame[:200]!r}")
+                return
+        self._fail(f"first event has no data line: {frame[:200]!r}")
+
+    # -- the end ---------------------------------------------------------------------------------
+
+    def _fail(self, message: str) -> None:
+        if self.error is None:
+            self.error = message
+
+    def _finish(self, now: int) -> None:
+        self.done = True
+        self.t_end = now
+        if self.status != 200:
+            self._fail(f"HTTP {self.status}: {self.error_body[:300]!r}")
+            return
+        if self._sbuf.strip():
+            self._fail(f"stream ended inside a frame: {self._sbuf[:120]!r}")
+        m = _TYPE.search(self._last_frame)
+        self.last_type = m.group(1).decode() if m else None
+        if self.last_type != "response.completed":
+            self._fail(f"last event is {self.last_type!r}, not 'response.completed'")
+        if self.expected_events is not None and self.events != self.expected_events:
+            self._fail(f"{self.events} events, expected {self.expected_events}")
+
+
+class _Connection(asyncio.Protocol):
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.reader: StreamReader | None = None
+        self.waiter: asyncio.Future[None] | None = None
+        self.closed = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        reader = self.reader
+        if reader is None:
+            return
+        reader.feed(data, monotonic_ns())
+        if reader.done:
+            self._release()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self.reader is not None:
+            self.reader.connection_closed(monotonic_ns())
+            self._release()
+
+    def _release(self) -> None:
+        self.reader = None
+        waiter, self.waiter = self.waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def exchange(self, request: bytes, reader: StreamReader, timeout: float) -> None:
+        assert self.transport is not None
+        self.reader = reader
+        self.waiter = asyncio.get_running_loop().create_future()
+        reader.t_start = monotonic_ns()
+        self.transport.write(request)
+        try:
+            await asyncio.wait_for(self.waiter, timeout)
+        except TimeoutError:
+            reader._fail(f"no end of stream after {timeout} s")
+            reader.done = True
+            reader.t_end = monotonic_ns()
+            self.reader = None
+            self.transport.close()
+            self.closed = True
+
+
+@dataclass(frozen=True, slots=True)
+class LoadConfig:
+    url: str
+    body: bytes
+    concurrency: int = 1
+    streams_per_worker: int = 1
+    expected_events: int | None = None
+    token_times_dir: Path | None = None
+    token_offset: int = 0
+    timeout_s: float = 300.0
+    samples: int = 1000
+
+    def request_bytes(self) -> bytes:
+        parts = urlsplit(self.url)
+        path = parts.path if parts.path not in ("", "/") else "/v1/responses"
+        return (
+            f"POST {path} HTTP/1.1\r\nHost: {parts.netloc}\r\nUser-Agent: bench.loadgen\r\n"
+            f"Content-Type: application/json\r\nAccept: text/event-stream\r\n"
+            f"Content-Length: {len(self.body)}\r\n\r\n"
+        ).encode() + self.body
+
+
+async def _connect(host: str, port: int) -> _Connection:
+    loop = asyncio.get_running_loop()
+    _, conn = await loop.create_connection(_Connection, host, port)
+    return conn
+
+
+def _percentile(sorted_values: list[int] | array, q: float) -> float:
+    if not sorted_values:
+        return float("nan")
+    i = min(len(sorted_values) - 1, max(0, round(q * (len(sorted_values) - 1))))
+    return float(sorted_values[i])
+
+
+def _summary_ms(values_ns: array) -> dict[str, float | int]:
+    ordered = sorted(values_ns)
+    return {
+        "n": len(ordered),
+        "p50": _percentile(ordered, 0.50) / 1e6,
+        "p90": _percentile(ordered, 0.90) / 1e6,
+        "p99": _percentile(ordered, 0.99) / 1e6,
+        "max": (ordered[-1] / 1e6) if ordered else float("nan"),
+    }
+
+
+async def _wait_for_files(paths: list[Path], deadline_s: float) -> None:
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline and not all(p.exists() for p in paths):
+        await asyncio.sleep(0.05)
+
+
+async def _latency(config: LoadConfig, readers: list[StreamReader]) -> dict:
+    assert config.token_times_dir is not None
+    directory = config.token_times_dir
+    wanted = [
+        (i, r, token_times.path_for(directory, r.response_id))
+        for i, r in enumerate(readers)
+        if r.response_id and r.error is None
+    ]
+    await _wait_for_files([p for _, _, p in wanted], 3.0)
+    offset = config.token_offset
+    latencies = array("q")
+    samples_src: list[tuple[int, int, int, int]] = []
+    missing = unmatched = 0
+    every = max(1, sum(r.deltas for _, r, _ in wanted) // max(1, config.samples))
+    for index, reader, path in wanted:
+        try:
+            yields = token_times.read(path)
+        except FileNotFoundError:
+            missing += 1
+            continue
+        usable = len(yields) - offset
+        unmatched += max(0, reader.deltas - usable)
+        ordinal = 0
+        for read_ns, upto in zip(reader.batch_ns, reader.batch_deltas, strict=True):
+            stop = min(upto, usable)
+            while ordinal < stop:
+                y = yields[ordinal + offset]
+                latencies.append(read_ns - y)
+                if ordinal % every == 0:
+                    samples_src.append((index, ordinal, read_ns, y))
+                ordinal += 1
+            ordinal = max(ordinal, upto)
+    summary = _summary_ms(latencies)
+    summary.update(
+        {
+            "streams_without_file": missing,
+            "deltas_without_token_time": unmatched,
+            "negative": sum(1 for v in latencies if v < 0),
+        }
+    )
+    step = max(1, len(samples_src) // max(1, config.samples))
+    samples = [
+        {"stream": i, "delta": o, "read_ns": r, "yield_ns": y, "ms": (r - y) / 1e6}
+        for i, o, r, y in samples_src[::step]
+    ]
+    return {"latency_ms": summary, "latency_samples": samples}
+
+
+async def run_load(config: LoadConfig) -> dict:
+    """Run the load described by ``config``; returns the JSON-serialisable report."""
+    parts = urlsplit(config.url)
+    host, port = parts.hostname or "127.0.0.1", parts.port or 80
+    request = config.request_bytes()
+    conns = list(await asyncio.gather(*(_connect(host, port) for _ in range(config.concurrency))))
+    readers: list[StreamReader] = []
+
+    async def worker(slot: int) -> None:
+        conn = conns[slot]
+        for _ in range(config.streams_per_worker):
+            if conn.closed:
+                conn = conns[slot] = await _connect(host, port)
+            reader = StreamReader(config.expected_events)
+            readers.append(reader)
+            await conn.exchange(request, reader, config.timeout_s)
+
+    cpu0 = time.process_time()
+    ru0 = resource.getrusage(resource.RUSAGE_SELF)
+    t0 = monotonic_ns()
+    await asyncio.gather(*(worker(i) for i in range(config.concurrency)))
+    t1 = monotonic_ns()
+    cpu1 = time.process_time()
+    ru1 = resource.getrusage(resource.RUSAGE_SELF)
+    for conn in conns:
+        if conn.transport is not None:
+            conn.transport.close()
+
+    wall_s = (t1 - t0) / 1e9
+    cpu_s = cpu1 - cpu0
+    deltas = sum(r.deltas for r in readers)
+    events = sum(r.events for r in readers)
+    errors = [f"stream {i}: {r.error}" for i, r in enumerate(readers) if r.error]
+    ttft = array("q", (r.first_delta_ns - r.t_start for r in readers if r.first_delta_ns))
+    report: dict = {
+        "url": config.url,
+        "concurrency": config.concurrency,
+        "streams": len(readers),
+        "streams_ok": len(readers) - len(errors),
+        "error_count": len(errors),
+        "errors": errors[:20],
+        "tokens": deltas,
+        "events": events,
+        "wall_s": wall_s,
+        "tokens_per_s": deltas / wall_s if wall_s > 0 else 0.0,
+        "events_per_s": events / wall_s if wall_s > 0 else 0.0,
+        "per_stream_events": [r.events for r in readers],
+        "reads": sum(len(r.batch_ns) for r in readers),
+        "ttft_ms": _summary_ms(ttft),
+        "loadgen_cpu_s": cpu_s,
+        "loadgen_cpu_util": cpu_s / wall_s if wall_s > 0 else 0.0,
+        "loadgen_cpu_us_per_event": cpu_s * 1e6 / events if events else None,
+        "loadgen_ctx_switches": {
+            "voluntary": ru1.ru_nvcsw - ru0.ru_nvcsw,
+            "involuntary": ru1.ru_nivcsw - ru0.ru_nivcsw,
+        },
+        "t0_ns": t0,
+        "t1_ns": t1,
+    }
+    if config.token_times_dir is not None:
+        report.update(await _latency(config, readers))
+    return report
+
+
+def _run(coro: Coroutine[Any, Any, dict], loop: str) -> dict:
+    if loop != "asyncio":
+        try:
+            import uvloop
+        except ImportError:
+            if loop == "uvloop":
+                raise
+        else:
+            report = uvloop.run(coro)
+            report["loadgen_loop"] = "uvloop"
+            return report
+    report = asyncio.run(coro)
+    report["loadgen_loop"] = "asyncio"
+    return report
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.loadgen", description="Drive POST /v1/responses SSE streams."
+    )
+    parser.add_argument("--url", required=True, help="e.g. http://127.0.0.1:8123/v1/responses")
+    parser.add_argument("--concurrency", type=int, default=1)
+    parser.add_argument("--streams-per-worker", type=int, default=1)
+    body = parser.add_mutually_exclusive_group(required=True)
+    body.add_argument("--body", help="the request's JSON body")
+    body.add_argument("--body-file", type=Path)
+    parser.add_argument("--expected-events", type=int, default=None)
+    parser.add_argument("--token-times-dir", type=Path, default=None)
+    parser.add_argument("--token-offset", type=int, default=0)
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per stream")
+    parser.add_argument("--samples", type=int, default=1000, help="latency samples to report")
+    parser.add_argument(
+        "--loop",
+        default="auto",
+        choices=["auto", "asyncio", "uvloop"],
+        help="event loop of the load generator (auto: uvloop when installed)",
+    )
+    parser.add_argument("--out", type=Path, default=None, help="write the JSON here (else stdout)")
+    args = parser.parse_args(argv)
+    raw = args.body.encode() if args.body is not None else args.body_file.read_bytes()
+    json.loads(raw)  # fail early on a malformed template
+    config = LoadConfig(
+        url=args.url,
+        body=raw,
+        concurrency=args.concurrency,
+        streams_per_worker=args.streams_per_worker,
+        expected_events=args.expected_events,
+        token_times_dir=args.token_times_dir,
+        token_offset=args.token_offset,
+        timeout_s=args.timeout,
+        samples=args.samples,
+    )
+    report = _run(run_load(config), args.loop)
+    text = json.dumps(report)
+    if args.out is not None:
+        args.out.write_text(text)
+    else:
+        sys.stdout.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

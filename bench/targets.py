@@ -1,0 +1,248 @@
+"""The servers the benchmark compares: a target is a start command plus what to send and expect.
+
+Adding a server means adding a :class:`Target` to :func:`default_targets` (or passing your own list
+to :func:`bench.harness.run_matrix`). A target says:
+
+- ``argv``: the start command. Each element is a ``str.format`` template over the placeholders
+  ``{python}`` (this interpreter), ``{port}``, ``{host}``, ``{workdir}`` (a fresh directory per
+  server start), ``{database_url}`` (for ``database="sqlite"``/``"postgres"``: a fresh, empty
+  database made by the harness) and whatever ``prepare`` returns. The harness prefixes
+  ``taskset -c <server cpus>`` and waits for the port to accept connections.
+- ``env``: extra environment. The harness adds ``BENCH_TOKEN_TIMES_DIR`` (see
+  :mod:`bench.token_times`) when latency is measured.
+- ``body(tokens)``: the JSON request body of one stream that should produce ``tokens`` deltas.
+- ``expected_events(tokens)``: the exact number of SSE events per stream, or ``None`` to check
+  only that every stream ends with ``response.completed``.
+- ``token_offset``: leading engine tokens that yield no delta (see :mod:`bench.token_times`).
+- ``database``: ``"none"``, ``"sqlite"`` or ``"postgres"``: what "bytes stored per token" measures.
+- ``prepare(workdir, tokens)``: writes what the server needs (a script file) and returns extra
+  placeholders for ``argv``.
+- ``unavailable()``: ``None`` when the target can run here, else why not (it is then skipped).
+
+The ledger targets run ``responses-ledger serve --engine scripted`` with a script whose one turn
+(cycled) is a final-channel message of ``tokens`` one-token ASCII words, so every content token is
+one ``response.output_text.delta`` and the event sequence is the same as the naive peer's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+__all__ = [
+    "DEFAULT_SELECTION",
+    "POSTGRES_ADMIN_DSN",
+    "REPO_ROOT",
+    "Target",
+    "default_targets",
+    "ledger_body",
+    "ledger_script",
+    "naive_body",
+    "placeholders",
+    "render_argv",
+    "server_env",
+]
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+POSTGRES_HOST = "127.0.0.1"
+POSTGRES_PORT = 5432
+POSTGRES_ADMIN_DSN = f"postgresql://postgres@{POSTGRES_HOST}:{POSTGRES_PORT}/postgres"
+#: What the ledger is asked for; the scripted engine's model name.
+LEDGER_MODEL = "gpt-oss-scripted"
+
+Database = Literal["none", "sqlite", "postgres"]
+
+
+def _always_available() -> str | None:
+    return None
+
+
+def _standard_events(tokens: int) -> int:
+    """created, in_progress, item added, part added, deltas, text done, part done, item done,
+    completed."""
+    return tokens + 8
+
+
+def _no_files(workdir: Path, tokens: int) -> dict[str, str]:
+    return {}
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    argv: tuple[str, ...]
+    body: Callable[[int], dict]
+    expected_events: Callable[[int], int | None] = _standard_events
+    env: Mapping[str, str] = field(default_factory=dict)
+    token_offset: int = 0
+    database: Database = "none"
+    prepare: Callable[[Path, int], dict[str, str]] = _no_files
+    unavailable: Callable[[], str | None] = _always_available
+    description: str = ""
+
+
+def naive_body(tokens: int) -> dict:
+    return {
+        "model": "gpt-oss-20b",
+        "input": "Write a long story.",
+        "stream": True,
+        "max_output_tokens": tokens,
+    }
+
+
+def ledger_body(tokens: int) -> dict:
+    # Room for the Harmony header and stop tokens, which count against max_output_tokens.
+    return {
+        "model": LEDGER_MODEL,
+        "input": "Write a long story.",
+        "stream": True,
+        "max_output_tokens": tokens + 64,
+    }
+
+
+def ledger_script(workdir: Path, tokens: int) -> dict[str, str]:
+    """Write the scripted engine's script: one cycled final-channel turn of ``tokens`` words."""
+    text = " word" * tokens  # " word" is one o200k token, so one delta per token
+    script = {
+        "turns": [{"completion": f"<|channel|>final<|message|>{text}<|return|>"}],
+        "cycle": True,
+        "token_delay_ms": 0,
+    }
+    path = workdir / "script.json"
+    path.write_text(json.dumps(script))
+    return {"script": str(path)}
+
+
+def _ledger_unavailable() -> str | None:
+    probe = subprocess.run(
+        [sys.executable, "-c", "import app.cli"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    if probe.returncode != 0:
+        last = (probe.stderr.strip().splitlines() or ["?"])[-1]
+        return f"`import app.cli` fails: {last}"
+    return None
+
+
+def _postgres_unavailable() -> str | None:
+    reason = _ledger_unavailable()
+    if reason:
+        return reason
+    try:
+        import asyncpg  # noqa: F401
+    except ImportError:
+        return "asyncpg is not installed"
+    try:
+        with socket.create_connection((POSTGRES_HOST, POSTGRES_PORT), timeout=2):
+            pass
+    except OSError as exc:
+        return f"no PostgreSQL on {POSTGRES_HOST}:{POSTGRES_PORT}: {exc}"
+    return None
+
+
+_NAIVE = ("{python}", "-m", "bench.naive", "--host", "{host}", "--port", "{port}")
+_LEDGER = (
+    "{python}",
+    "-c",
+    "import sys; from app.cli import main; sys.exit(main())",
+    "serve",
+    "--engine",
+    "scripted",
+    "--script",
+    "{script}",
+    "--database-url",
+    "{database_url}",
+    "--host",
+    "{host}",
+    "--port",
+    "{port}",
+)
+# Access logs off, as for the naive peer (uvicorn's access log costs several µs per request).
+_LEDGER_ENV = {"RESPONSES_LEDGER_LOG_LEVEL": "warning"}
+
+
+def default_targets() -> list[Target]:
+    """Every target the benchmark knows, in table order; ``naive`` is the reference."""
+    return [
+        Target(
+            "naive",
+            _NAIVE,
+            naive_body,
+            description="Starlette + sse-starlette, one write per event, nothing stored",
+        ),
+        Target(
+            "naive-c16",
+            (*_NAIVE, "--coalesce", "16"),
+            naive_body,
+            description="the naive peer with 16 delta frames per write",
+        ),
+        Target(
+            "naive-h11",
+            (*_NAIVE, "--loop", "asyncio", "--http", "h11"),
+            naive_body,
+            description="the naive peer on the pure-Python stack (asyncio loop, h11)",
+        ),
+        Target(
+            "naive-raw",
+            (*_NAIVE, "--raw"),
+            naive_body,
+            description="the same bytes from a bare asyncio.Protocol, one write per event",
+        ),
+        Target(
+            "ledger-sqlite",
+            _LEDGER,
+            ledger_body,
+            env=_LEDGER_ENV,
+            token_offset=3,
+            database="sqlite",
+            prepare=ledger_script,
+            unavailable=_ledger_unavailable,
+            description="responses-ledger, scripted engine, SQLite (WAL)",
+        ),
+        Target(
+            "ledger-postgres",
+            _LEDGER,
+            ledger_body,
+            env=_LEDGER_ENV,
+            token_offset=3,
+            database="postgres",
+            prepare=ledger_script,
+            unavailable=_postgres_unavailable,
+            description="responses-ledger, scripted engine, PostgreSQL",
+        ),
+    ]
+
+
+#: Targets run when ``--target`` is not given.
+DEFAULT_SELECTION = ("naive", "naive-c16", "ledger-sqlite", "ledger-postgres")
+
+
+def placeholders(host: str, port: int, workdir: Path, database_url: str | None) -> dict[str, str]:
+    values = {"python": sys.executable, "host": host, "port": str(port), "workdir": str(workdir)}
+    if database_url is not None:
+        values["database_url"] = database_url
+    return values
+
+
+def render_argv(target: Target, values: Mapping[str, str]) -> list[str]:
+    return [part.format(**values) for part in target.argv]
+
+
+def server_env(target: Target, extra: Mapping[str, str]) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(target.env)
+    env.update(extra)
+    pythonpath = env.get("PYTHONPATH")
+    env["PYTHONPATH"] = f"{REPO_ROOT}{os.pathsep}{pythonpath}" if pythonpath else str(REPO_ROOT)
+    return env

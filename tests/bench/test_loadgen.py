@@ -1,0 +1,112 @@
+"""The load generator's stream reader, fed recorded responses split at every offset."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from bench.loadgen import StreamReader
+from bench.naive import _events
+
+HEAD = (
+    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\n"
+    b"transfer-encoding: chunked\r\n\r\n"
+)
+
+
+def naive_frames(n: int, coalesce: int = 1) -> list[bytes]:
+    async def collect() -> list[bytes]:
+        return [frame async for frame in _events(n, "m", coalesce, None)]
+
+    return asyncio.run(collect())
+
+
+def chunked(writes: list[bytes]) -> bytes:
+    return HEAD + b"".join(b"%x\r\n%b\r\n" % (len(w), w) for w in writes) + b"0\r\n\r\n"
+
+
+def feed_in_pieces(raw: bytes, cuts: list[int], expected: int | None) -> StreamReader:
+    reader = StreamReader(expected)
+    start = 0
+    for i, cut in enumerate([*cuts, len(raw)]):
+        reader.feed(raw[start:cut], now=1000 + i)
+        start = cut
+    return reader
+
+
+def test_reads_a_naive_stream_whole():
+    raw = chunked(naive_frames(5))
+    reader = feed_in_pieces(raw, [], expected=13)
+    assert reader.done and reader.error is None
+    assert (reader.events, reader.deltas) == (13, 5)
+    assert reader.response_id is not None and reader.response_id.startswith("resp_")
+    assert reader.last_type == "response.completed"
+
+
+@pytest.mark.parametrize("coalesce", [1, 3])
+def test_every_split_point_gives_the_same_counts(coalesce):
+    raw = chunked(naive_frames(3, coalesce))
+    for cut in range(1, len(raw)):
+        reader = feed_in_pieces(raw, [cut], expected=11)
+        assert reader.done, cut
+        assert reader.error is None, (cut, reader.error)
+        assert (reader.events, reader.deltas) == (11, 3), cut
+
+
+def test_read_times_are_per_read_with_running_delta_counts():
+    frames = naive_frames(4)
+    raw = chunked(frames)
+    # Split right after the 2nd delta's chunk, and again after the 4th.
+    cut1 = raw.index(b"%x\r\n%b\r\n" % (len(frames[5]), frames[5])) + len(frames[5]) + 6
+    cut2 = raw.index(frames[8])
+    reader = feed_in_pieces(raw, [cut1, cut2], expected=12)
+    assert reader.error is None
+    assert list(reader.batch_deltas) == [2, 4]
+    assert list(reader.batch_ns) == [1000, 1001]
+
+
+def test_crlf_separators_and_ping_comments():
+    frames = [f.replace(b"\n", b"\r\n") for f in naive_frames(2)]
+    frames.insert(3, b": ping - 2026-01-01\r\n\r\n")
+    reader = feed_in_pieces(chunked(frames), [], expected=10)
+    assert reader.error is None
+    assert reader.sep == b"\r\n\r\n"
+    assert (reader.events, reader.deltas) == (10, 2)
+
+
+def test_wrong_event_count_is_an_error():
+    reader = feed_in_pieces(chunked(naive_frames(2)), [], expected=99)
+    assert reader.error == "10 events, expected 99"
+
+
+def test_sequence_gap_is_an_error():
+    frames = naive_frames(3)
+    del frames[5]
+    reader = feed_in_pieces(chunked(frames), [], expected=None)
+    assert reader.error is not None and "sequence_number" in reader.error
+
+
+def test_stream_that_does_not_complete_is_an_error():
+    frames = naive_frames(2)[:-1]
+    reader = feed_in_pieces(chunked(frames), [], expected=None)
+    assert reader.error is not None and "response.completed" in reader.error
+
+
+def test_connection_lost_mid_stream_is_an_error():
+    raw = chunked(naive_frames(2))
+    reader = StreamReader(10)
+    reader.feed(raw[: len(raw) // 2], now=1)
+    reader.connection_closed(now=2)
+    assert reader.done and reader.error is not None
+
+
+def test_http_error_is_reported_with_its_body():
+    body = json.dumps({"error": {"message": "no such model"}}).encode()
+    raw = b"HTTP/1.1 404 Not Found\r\ncontent-length: %d\r\n\r\n%b" % (len(body), body)
+    reader = feed_in_pieces(raw, [20], expected=10)
+    assert reader.done
+    assert (
+        reader.error is not None and "HTTP 404" in reader.error and "no such model" in reader.error
+    )
