@@ -75,7 +75,7 @@ from persistence.schema import (
 )
 from persistence.store import Order, check_submission
 
-__all__ = ["SqlStore", "open_store"]
+__all__ = ["CommitStats", "SqlStore", "open_store"]
 
 # A chain longer than this is treated as a cycle (previous_response_id is never edited, so a
 # real cycle cannot be written through the API, but a hand-edited database could hold one).
@@ -105,9 +105,27 @@ async def open_store(
     writer = create_engine(database_url, role="writer", **options)
     is_sqlite = sqlite_path(writer.url) is not None
     reader = create_engine(database_url, role="reader", **options) if is_sqlite else writer
+    # Connect once now: a database that cannot be reached fails the start, not the first
+    # request, and SQLite is switched to WAL before anyone reads.
+    try:
+        async with writer.connect():
+            pass
+    except (SQLAlchemyError, OSError) as exc:
+        await writer.dispose()
+        await reader.dispose()
+        raise _store_error(exc) from exc
     return SqlStore(
         writer, reader, commit_window_ms=commit_window_ms, max_batch_events=max_batch_events
     )
+
+
+@dataclass(frozen=True, slots=True)
+class CommitStats:
+    """Totals since the store opened: how well group commit is batching."""
+
+    transactions: int  # write transactions committed
+    writes: int  # creates, appends and audit appends committed
+    events: int  # events committed
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +188,11 @@ class SqlStore:
             self._commit, window_s=commit_window_ms / 1000, max_batch=max_batch_events
         )
         self._closed = False
+        self._stats = CommitStats(0, 0, 0)
+
+    @property
+    def stats(self) -> CommitStats:
+        return self._stats
 
     # -- writes -------------------------------------------------------------------------
 
@@ -348,6 +371,11 @@ class SqlStore:
             ):
                 if rows:
                     await conn.exec_driver_sql(sql, rows)
+        self._stats = CommitStats(
+            self._stats.transactions + 1,
+            self._stats.writes + outcomes.count(None),
+            self._stats.events + len(events),
+        )
         for rid, tail in tails.items():
             if tail is not None:
                 self._remember(rid, tail)

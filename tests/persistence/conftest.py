@@ -8,6 +8,7 @@ thing from ``tests.support.postgres``.
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -44,3 +45,27 @@ async def clean_postgres_url(postgres_url: str) -> str:
 def sqlite_url(tmp_path: Path) -> str:
     """A SQLite file that does not exist yet (nor does its directory)."""
     return f"sqlite+aiosqlite:///{tmp_path / 'data' / 'ledger.db'}"
+
+
+@pytest.fixture(scope="session")
+async def _sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("template") / "ledger.db"
+    await upgrade_async(f"sqlite+aiosqlite:///{path}")
+    return path
+
+
+@pytest.fixture
+def migrated_sqlite_url(_sqlite_template: Path, tmp_path: Path) -> str:
+    """A new SQLite file already at head (a copy of one migrated once per session)."""
+    path = tmp_path / "ledger.db"
+    shutil.copyfile(_sqlite_template, path)
+    return f"sqlite+aiosqlite:///{path}"
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def sql_url(request: pytest.FixtureRequest) -> str:
+    """Each SQL backend in turn, migrated and empty: a new SQLite file, or the emptied
+    session PostgreSQL database."""
+    name = "migrated_sqlite_url" if request.param == "sqlite" else "clean_postgres_url"
+    url: str = request.getfixturevalue(name)
+    return url

@@ -144,7 +144,8 @@ class EventStoreContract:
         rid = await _started(store)
         future = store.submit(rid, [delta(1)], 1)
         assert isinstance(future, asyncio.Future)
-        assert await future is None
+        await future
+        assert future.done() and future.exception() is None
         assert [e.seq for e in await store.load(rid)] == [0, 1]
 
     async def test_many_responses_interleaved(self, store: EventStore) -> None:

@@ -22,8 +22,8 @@ class TestMemoryStore(EventStoreContract):
 
 class TestSqliteStore(EventStoreContract):
     @pytest.fixture
-    async def store(self, sqlite_url: str) -> AsyncIterator[EventStore]:
-        store = await open_store(sqlite_url, commit_window_ms=1.0)
+    async def store(self, migrated_sqlite_url: str) -> AsyncIterator[EventStore]:
+        store = await open_store(migrated_sqlite_url, commit_window_ms=1.0, migrate=False)
         yield store
         await store.close()
 

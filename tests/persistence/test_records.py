@@ -1,0 +1,52 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from persistence.records import (
+    StoredEvent,
+    check_json_text,
+    dump_json,
+    pack_token_ids,
+    unpack_token_ids,
+)
+
+
+def test_token_ids_are_uint32_little_endian() -> None:
+    assert pack_token_ids([1, 256, 2**32 - 1]) == bytes.fromhex("0100000000010000ffffffff")
+    assert unpack_token_ids(pack_token_ids(range(1000))) == tuple(range(1000))
+    assert pack_token_ids([]) == b""
+    with pytest.raises(OverflowError):
+        pack_token_ids([-1])
+
+
+def test_dump_json_is_compact_and_keeps_unicode() -> None:
+    assert dump_json({"a": [1, "é"]}) == '{"a":[1,"é"]}'
+    with pytest.raises(ValueError):
+        dump_json({"x": float("inf")})
+
+
+@pytest.mark.parametrize(
+    ("value", "refused"),
+    [
+        ("a\x00b", True),
+        ("\\\x00", True),
+        ("\\u0000", False),  # a backslash followed by "u0000": plain text
+        ("\\\\u0000", False),
+        ("nothing", False),
+    ],
+)
+def test_nul_is_refused_wherever_it_is(value: str, refused: bool) -> None:
+    text = json.dumps({"v": value})
+    if refused:
+        with pytest.raises(ValueError):
+            check_json_text(text)
+    else:
+        assert check_json_text(text) == text
+
+
+def test_payload_text_prefers_the_given_json() -> None:
+    event = StoredEvent(0, "t", {"a": 1}, '{ "a" : 1 }')
+    assert event.payload_text() == '{ "a" : 1 }'
+    assert StoredEvent(0, "t", {"a": 1}).payload_text() == '{"a":1}'

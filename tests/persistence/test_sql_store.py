@@ -1,0 +1,265 @@
+"""What only the SQL store does: group commit, conflicts between replicas, the append-only
+guarantee in the database itself, compact audit storage, failure without hanging."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from persistence.errors import ConcurrencyError, StoreError
+from persistence.migrate import current_async
+from persistence.records import AuditRecord, StoredEvent
+from persistence.sql import SqlStore, open_store
+from tests.persistence.factories import completed, created, delta, new_response
+from tests.support.postgres import create_database, drop_database, unavailable
+
+
+async def _started(store: SqlStore) -> str:
+    new = new_response()
+    await store.create_response(new)
+    await store.append(new.id, [created(new.id)], 0)
+    return new.id
+
+
+async def _fetch(url: str, sql: str) -> list[tuple[object, ...]]:
+    """Read with a plain driver connection, as an operator would."""
+    if url.startswith("sqlite"):
+        connection = sqlite3.connect(url.split("///", 1)[1])
+        try:
+            return [tuple(row) for row in connection.execute(sql).fetchall()]
+        finally:
+            connection.close()
+    pg = await asyncpg.connect(url.replace("postgresql+asyncpg", "postgresql"))
+    try:
+        return [tuple(row) for row in await pg.fetch(sql)]
+    finally:
+        await pg.close()
+
+
+async def _execute(url: str, sql: str) -> None:
+    if url.startswith("sqlite"):
+        connection = sqlite3.connect(url.split("///", 1)[1], isolation_level=None)
+        try:
+            connection.execute("PRAGMA foreign_keys = ON")
+            connection.execute(sql)
+        finally:
+            connection.close()
+        return
+    pg = await asyncpg.connect(url.replace("postgresql+asyncpg", "postgresql"))
+    try:
+        await pg.execute(sql)
+    finally:
+        await pg.close()
+
+
+async def test_concurrent_writers_share_transactions(sql_url: str) -> None:
+    store = await open_store(sql_url, commit_window_ms=5.0)
+    try:
+        rids = [await _started(store) for _ in range(64)]
+        before = store.stats
+
+        async def writer(rid: str) -> None:
+            for seq in range(1, 11):
+                await store.append(rid, [delta(seq, "x" * 100)], seq)
+
+        await asyncio.gather(*(writer(rid) for rid in rids))
+        after = store.stats
+        writes = after.writes - before.writes
+        transactions = after.transactions - before.transactions
+        assert (writes, after.events - before.events) == (640, 640)
+        assert transactions <= writes // 8, (transactions, writes)
+        for rid in rids:
+            assert [e.seq for e in await store.load(rid)] == list(range(11))
+    finally:
+        await store.close()
+
+
+async def test_a_conflict_between_replicas_fails_only_the_offending_submission(
+    sql_url: str,
+) -> None:
+    # Two stores on one database are two replicas: each trusts its own view of the logs.
+    a = await open_store(sql_url, commit_window_ms=200.0, migrate=False)
+    b = await open_store(sql_url, commit_window_ms=1.0, migrate=False)
+    try:
+        contested = await _started(a)
+        bystander = await _started(a)
+        await b.append(contested, [delta(1, "b wins")], 1)  # a does not know about this
+        # One batch in a (its window is long): the stale append and an innocent one.
+        stale = a.submit(contested, [delta(1, "a loses")], 1)
+        innocent = a.submit(bystander, [delta(1, "fine")], 1)
+        results = await asyncio.gather(stale, innocent, return_exceptions=True)
+        assert isinstance(results[0], ConcurrencyError)
+        assert results[1] is None
+        assert [e.payload.get("delta") for e in await a.load(contested)] == [None, "b wins"]
+        assert [e.payload.get("delta") for e in await a.load(bystander)] == [None, "fine"]
+        # a has forgotten its stale view: the next append at the true tail works.
+        await a.append(contested, [delta(2, "a again")], 2)
+        assert [e.seq for e in await b.load(contested)] == [0, 1, 2]
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_replicas_racing_on_one_seq_leave_one_winner(sql_url: str) -> None:
+    a = await open_store(sql_url, commit_window_ms=1.0, migrate=False)
+    b = await open_store(sql_url, commit_window_ms=1.0, migrate=False)
+    try:
+        rid = await _started(a)
+        await b.load(rid)
+        for seq in range(1, 21):
+            results = await asyncio.gather(
+                a.append(rid, [delta(seq, "a")], seq),
+                b.append(rid, [delta(seq, "b")], seq),
+                return_exceptions=True,
+            )
+            assert sorted(type(r).__name__ for r in results) == ["ConcurrencyError", "NoneType"]
+        events = await a.load(rid)
+        assert [e.seq for e in events] == list(range(21))
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_the_database_keeps_events_append_only(sql_url: str) -> None:
+    store = await open_store(sql_url, migrate=False)
+    try:
+        rid = await _started(store)
+        await store.append(rid, [delta(1)], 1)
+    finally:
+        await store.close()
+    for sql in (
+        f"UPDATE response_events SET type = 'x' WHERE response_id = '{rid}'",
+        f"DELETE FROM response_events WHERE response_id = '{rid}' AND seq = 1",
+    ):
+        with pytest.raises((sqlite3.DatabaseError, asyncpg.PostgresError), match="append-only"):
+            await _execute(sql_url, sql)
+    assert await _fetch(sql_url, "SELECT count(*) FROM response_events") == [(2,)]
+    await _execute(sql_url, f"DELETE FROM responses WHERE id = '{rid}'")
+    assert await _fetch(sql_url, "SELECT count(*) FROM response_events") == [(0,)]
+
+
+async def test_audit_token_ids_are_stored_as_bytes(sql_url: str) -> None:
+    store = await open_store(sql_url, migrate=False)
+    try:
+        rid = await _started(store)
+        await store.append_audit(rid, [AuditRecord("prompt_token_ids", tuple(range(1000)))])
+    finally:
+        await store.close()
+    ((count, data),) = await _fetch(sql_url, "SELECT token_count, token_ids FROM response_audit")
+    assert count == 1000
+    assert isinstance(data, bytes) and len(data) == 4000
+
+
+async def test_a_cancelled_wait_does_not_cancel_the_write(sql_url: str) -> None:
+    store = await open_store(sql_url, commit_window_ms=50.0, migrate=False)
+    try:
+        rid = await _started(store)
+        waiter = asyncio.create_task(store.append(rid, [delta(1)], 1))
+        await asyncio.sleep(0)
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        await store.append(rid, [delta(2)], 2)
+        assert [e.seq for e in await store.load(rid)] == [0, 1, 2]
+    finally:
+        await store.close()
+
+
+async def test_close_commits_what_was_submitted(sql_url: str) -> None:
+    store = await open_store(sql_url, commit_window_ms=10_000.0, migrate=False)
+    new = new_response()
+    create = asyncio.create_task(store.create_response(new))
+    await asyncio.sleep(0)
+    futures = [store.submit(new.id, [created(new.id)], 0)]
+    futures += [store.submit(new.id, [delta(seq)], seq) for seq in range(1, 50)]
+    futures.append(store.submit(new.id, [completed(new.id, 50)], 50))
+    await store.close()
+    await create
+    assert all(f.done() and f.exception() is None for f in futures)
+    reopened = await open_store(sql_url, migrate=False)
+    try:
+        assert [e.seq for e in await reopened.load(new.id)] == list(range(51))
+        row = await reopened.get(new.id)
+        assert row is not None and row.status == "completed" and row.last_seq == 50
+    finally:
+        await reopened.close()
+
+
+async def test_sqlite_stores_payload_json_verbatim(sqlite_url: str) -> None:
+    store = await open_store(sqlite_url)
+    text = '{"delta":"hi",  "item_id" : "msg_1"}'
+    try:
+        rid = await _started(store)
+        await store.append(rid, [StoredEvent(1, "response.output_text.delta", {}, text)], 1)
+        (event,) = await store.load(rid, after_seq=0)
+        assert event.payload_json == text
+    finally:
+        await store.close()
+    assert await _fetch(sqlite_url, "SELECT payload FROM response_events WHERE seq = 1") == [
+        (text,)
+    ]
+
+
+async def test_sqlite_first_start_creates_and_migrates(tmp_path: Path) -> None:
+    path = tmp_path / "deep" / "er" / "responses.db"
+    url = f"sqlite+aiosqlite:///{path}"
+    store = await open_store(url)
+    await store.close()
+    assert path.exists()
+    assert await current_async(url) == "0001"
+    (mode,) = sqlite3.connect(path).execute("PRAGMA journal_mode").fetchone()
+    assert mode == "wal"
+    again = await open_store(url)  # a second start migrates nothing and keeps the data
+    await again.close()
+
+
+async def test_sqlite_durability_setting_is_applied(sqlite_url: str) -> None:
+    for setting, expected in (("FULL", 2), ("NORMAL", 1)):
+        store = await open_store(sqlite_url, sqlite_synchronous=setting)  # type: ignore[arg-type]
+        try:
+            async with store._writer.connect() as conn:
+                level = (await conn.exec_driver_sql("PRAGMA synchronous")).scalar_one()
+                keys = (await conn.exec_driver_sql("PRAGMA foreign_keys")).scalar_one()
+            assert (level, keys) == (expected, 1)
+        finally:
+            await store.close()
+    with pytest.raises(ValueError):
+        await open_store(sqlite_url, sqlite_synchronous="OFF")  # type: ignore[arg-type]
+
+
+async def test_an_unreachable_database_fails_the_start(tmp_path: Path) -> None:
+    with pytest.raises(StoreError):
+        await open_store("postgresql+asyncpg://postgres@127.0.0.1:1/nowhere", migrate=False)
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    with pytest.raises((StoreError, OSError)):
+        await open_store(f"sqlite+aiosqlite:///{blocker}/ledger.db")
+
+
+def test_in_memory_sqlite_is_refused() -> None:
+    with pytest.raises(ValueError, match="MemoryStore"):
+        asyncio.run(open_store("sqlite+aiosqlite:///:memory:", migrate=False))
+
+
+@pytest.mark.postgres
+async def test_a_lost_database_fails_writes_instead_of_hanging() -> None:
+    reason = await unavailable()
+    if reason is not None:
+        pytest.skip(reason)
+    url = await create_database("ledger_lost")
+    store = await open_store(url, migrate=True)
+    try:
+        rid = await _started(store)
+        await drop_database(url)
+        async with asyncio.timeout(30):
+            with pytest.raises(StoreError):
+                await store.append(rid, [delta(1)], 1)
+            with pytest.raises(StoreError):
+                await store.get(rid)
+    finally:
+        await store.close()
+        await drop_database(url)
