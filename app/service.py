@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import functools
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -181,15 +182,22 @@ class ResponseService:
             new_id=new_id,
             encrypt_reasoning=self.cipher.encrypt if request.include_encrypted_reasoning else None,
         )
-        decoder = HarmonyDecoder(
+        # Made once response.created is out: a named tool_choice's prefill opens the call item.
+        new_decoder = functools.partial(
+            HarmonyDecoder,
             self.encoding,
             builder,
             custom_tools=rendered.custom_names,
             prefill=rendered.prefill.token_ids if rendered.prefill else (),
+            function_names={
+                t.model_name: (t.name, t.namespace)
+                for t in rendered.tools
+                if t.type == "function" and t.namespace is not None
+            },
         )
         if request.stream:
             run.first_queue = run.subscribe()  # before the first event can be published
-        task = asyncio.create_task(self._generate(run, builder, decoder, prompt_ids, sampling))
+        task = asyncio.create_task(self._generate(run, builder, new_decoder, prompt_ids, sampling))
         run.task = task
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -284,7 +292,7 @@ class ResponseService:
         self,
         run: Run,
         builder: ResponseBuilder,
-        decoder: HarmonyDecoder,
+        new_decoder: Callable[[], HarmonyDecoder],
         prompt_ids: Sequence[int],
         sampling: Sampling,
     ) -> None:
@@ -300,6 +308,7 @@ class ResponseService:
             run.created_response = builder.snapshot("queued" if run.background else "in_progress")
             run.created.set()
             builder.in_progress()
+            decoder = new_decoder()
             writer.push(builder.take())
             if run.store:
                 await self.store.append_audit(run.id, [AuditRecord("prompt_token_ids", tuple(prompt_ids))])

@@ -247,8 +247,9 @@ class ResponseBuilder:
         self._open_part(self._add(item))
         return str(item["id"])
 
-    def open_function_call(self, name: str) -> str:
-        """Opens a ``function_call`` item; returns its ``call_id``."""
+    def open_function_call(self, name: str, namespace: str | None = None) -> str:
+        """Opens a ``function_call`` item; returns its ``call_id``. ``namespace``: the declaring
+        ``namespace`` tool, for a function the client declared inside one."""
         item: Json = {
             "id": self._new_id("fc"),
             "type": "function_call",
@@ -257,6 +258,8 @@ class ResponseBuilder:
             "name": name,
             "arguments": "",
         }
+        if namespace is not None:
+            item["namespace"] = namespace
         self._add(item)
         return str(item["call_id"])
 
@@ -324,7 +327,9 @@ class ResponseBuilder:
                 item["encrypted_content"] = self._encrypt_reasoning(text)
         elif opened.kind == "function_call":
             if not opened.text_done:
-                self._emit(FunctionCallArgumentsDone(seq, opened.item_id, opened.index, text))
+                self._emit(
+                    FunctionCallArgumentsDone(seq, opened.item_id, opened.index, text, str(item["name"]))
+                )
             item["arguments"] = text
             item["status"] = status
         else:

@@ -33,7 +33,7 @@ response id) and picks the terminal status.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -114,10 +114,15 @@ class HarmonyDecoder:
         *,
         custom_tools: Iterable[str] = (),
         prefill: Sequence[int] = (),
+        function_names: Mapping[str, tuple[str, str | None]] | None = None,
     ) -> None:
+        """``custom_tools``: the model-visible names of custom tools; ``function_names``: model-
+        visible name -> (declared name, namespace) for functions declared inside a namespace;
+        ``prefill``: header tokens the prompt already ended with (a forced tool choice)."""
         self._encoding = encoding
         self._builder = builder
         self._custom_tools = frozenset(custom_tools)
+        self._function_names = dict(function_names or {})
         self._parser = StreamableParser(encoding, Role.ASSISTANT)
         self._inner: Any = self._parser._inner  # the Rust object: skips a Python wrapper per token
         self._in_content = False
@@ -210,7 +215,8 @@ class HarmonyDecoder:
                 self._custom = CustomInputStream()
                 self._content_kind = "custom_tool_call"
             else:
-                builder.open_function_call(name)
+                declared, namespace = self._function_names.get(name, (name, None))
+                builder.open_function_call(declared, namespace)
                 self._content_kind = "function_call"
         elif channel == "analysis":
             builder.open_reasoning()

@@ -211,6 +211,8 @@ class FunctionCallArgumentsDone:
     item_id: str
     output_index: int
     arguments: str
+    #: The function's name: required by OpenAI's OpenAPI document (not by the SDK model).
+    name: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -213,3 +213,17 @@ def test_random_token_sequences_never_raise(tokens: list[int], truncated: bool) 
     for item in response["output"]:
         for part in item.get("content", []):
             assert "<|" not in part["text"]
+
+
+def test_a_function_declared_in_a_namespace_comes_back_with_its_name_and_namespace() -> None:
+    b = make_builder()
+    b.created()
+    decoder = HarmonyDecoder(ENC, b, function_names={"mcp__docs__search": ("search", "mcp__docs__")})
+    decoder.feed(ENC.encode(
+        '<|channel|>commentary to=functions.mcp__docs__search <|constrain|>json<|message|>{"q":"x"}<|call|>',
+        allowed_special="all",
+    ))
+    decoder.finish(truncated=False)
+    b.finish("completed", usage=Usage(), completed_at=1)
+    item = fold(b.take())["output"][0]
+    assert (item["name"], item["namespace"], item["arguments"]) == ("search", "mcp__docs__", '{"q":"x"}')
