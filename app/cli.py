@@ -18,6 +18,7 @@ import logging
 import sys
 from typing import Any
 
+from app.engines.vllm import ENGINE_OPTION_NAMES, add_engine_arguments
 from app.settings import Settings
 
 __all__ = ["main"]
@@ -33,17 +34,11 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--database-url", help="default sqlite+aiosqlite:///./data/responses.db")
     serve.add_argument("--engine", choices=["echo", "scripted", "vllm"])
     serve.add_argument("--script", help="the scripted engine's JSON file")
-    serve.add_argument("--model", help="model path or name (vllm); default served name")
-    serve.add_argument("--served-model-name", action="append", dest="served_model_names",
-                       help="a name clients may use (repeatable)")
     serve.add_argument("--commit-window-ms", type=float)
     serve.add_argument("--log-level")
-    try:
-        from app.engines.vllm import add_vllm_arguments
-    except ImportError:  # the vLLM adapter module is optional
-        pass
-    else:
-        add_vllm_arguments(serve)
+    # --model, --served-model-name and the vLLM engine options (vllm is imported only when the
+    # vllm engine starts, so this works without it installed)
+    add_engine_arguments(serve)
 
     db = sub.add_parser("db", help="database migrations")
     db.add_argument("action", choices=["upgrade", "current"])
@@ -62,13 +57,14 @@ def _serve(args: argparse.Namespace) -> None:
 
     from app.main import create_app
 
-    engine_options: dict[str, Any] = {}
-    try:
-        from app.engines.vllm import vllm_options_from_args
-    except ImportError:
-        pass
-    else:
-        engine_options = vllm_options_from_args(args)
+    engine_options = {
+        name: getattr(args, name)
+        for name in ENGINE_OPTION_NAMES
+        if name not in ("model", "served_model_names") and getattr(args, name, None) is not None
+    }
+    served = args.served_model_names
+    if served:
+        served = [name.strip() for item in served for name in item.split(",") if name.strip()]
     settings = Settings.from_env(
         host=args.host,
         port=args.port,
@@ -76,7 +72,7 @@ def _serve(args: argparse.Namespace) -> None:
         engine=args.engine,
         script=args.script,
         model=args.model,
-        served_model_names=tuple(args.served_model_names) if args.served_model_names else None,
+        served_model_names=tuple(served) if served else None,
         commit_window_ms=args.commit_window_ms,
         log_level=args.log_level,
         engine_options=engine_options or None,

@@ -47,9 +47,15 @@ def build_engine(settings: Settings) -> Engine:
             raise SystemExit("--engine scripted needs --script FILE (or RESPONSES_LEDGER_SCRIPT)")
         return ScriptedEngine(encoding, names, load_script(settings.script))
     if settings.engine == "vllm":
-        from app.engines.vllm import build_vllm_engine
+        from app.engines.vllm import VllmEngine, engine_config_from
 
-        return build_vllm_engine(settings)
+        config = engine_config_from(
+            None,
+            model=settings.model,
+            served_model_names=settings.served_model_names or None,
+            **settings.engine_options,
+        )
+        return VllmEngine(config)
     raise SystemExit(f"unknown engine {settings.engine!r}: use echo, scripted or vllm")
 
 
