@@ -14,6 +14,7 @@ only a ``store=false`` response, which nobody could ever read again, is aborted 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import functools
 import logging
@@ -33,16 +34,15 @@ from app.settings import Settings
 from app.wire import CreateResponse
 from domain.builder import ResponseBuilder, TerminalStatus, Usage
 from domain.decoder import DecodeResult, HarmonyDecoder
-from domain.errors import InvalidInput
 from domain.events import TERMINAL_TYPES
 from domain.machine import check_log
-from domain.projections import fold, from_wire, output_as_input, sse_frame
+from domain.projections import fold, from_wire, output_as_input, payload, payload_json, sse_frame
 from domain.prompt import PromptRequest, RenderedPrompt, render_prompt
 from persistence.errors import NotFound
 from persistence.records import AuditRecord, NewResponse, StoredEvent
 from persistence.store import EventStore
 
-__all__ = ["ResponseService", "new_id"]
+__all__ = ["ResponseService", "check_stored", "new_id", "normalize_input"]
 
 log = logging.getLogger(__name__)
 
@@ -246,9 +246,10 @@ class ResponseService:
                 raise EngineError(f"prompt token id {token} is outside the vocabulary")
         limit = self.engine.max_model_len
         max_tokens = request.max_output_tokens
-        if limit is not None:
-            if prompt_len >= limit or (max_tokens is not None and prompt_len + max_tokens > limit):
-                raise PromptTooLong(prompt_len, max_tokens, limit)
+        if limit is not None and (
+            prompt_len >= limit or (max_tokens is not None and prompt_len + max_tokens > limit)
+        ):
+            raise PromptTooLong(prompt_len, max_tokens, limit)
         return Sampling(
             max_tokens=max_tokens,
             temperature=request.temperature,
@@ -527,10 +528,8 @@ class ResponseService:
         """A ``store=false`` stream's client went away: nobody can read the answer, stop it."""
         if run.task is not None and not run.task.done():
             run.task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await run.task
-            except asyncio.CancelledError:
-                pass
 
     # -- start-up and shutdown -------------------------------------------------------------------
 
@@ -565,8 +564,6 @@ class ResponseService:
 
 
 def _stored(events: Sequence[Any]) -> list[StoredEvent]:
-    from domain.projections import payload, payload_json
-
     return [StoredEvent(e.sequence_number, e.type, payload(e), payload_json(e)) for e in events]
 
 
@@ -574,6 +571,3 @@ def check_stored(events: Sequence[StoredEvent]) -> None:
     """Run a stored log through the state machine (used by the CLI's ``events --check``)."""
     check_log(from_wire(e.type, e.seq, e.payload) for e in events)
 
-
-__all__ += ["check_stored", "normalize_input"]
-_ = InvalidInput

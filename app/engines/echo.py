@@ -43,8 +43,7 @@ async def stream_tokens(
     ``max_tokens``, end early on abort, and end with ``error`` if one is given."""
     stops = set(sampling.stop_token_ids)
     limit = sampling.max_tokens
-    sent = 0
-    for token in token_ids:
+    for sent, token in enumerate(token_ids):
         if aborted.is_set():
             yield EngineChunk((), "abort")
             return
@@ -55,7 +54,6 @@ async def stream_tokens(
             await asyncio.sleep(delay_s)
         else:
             await asyncio.sleep(0)
-        sent += 1
         if token in stops:
             yield EngineChunk((token,), "stop")
             return
