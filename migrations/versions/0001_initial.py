@@ -142,6 +142,7 @@ def downgrade() -> None:
         op.execute("DROP TRIGGER IF EXISTS response_events_append_only ON response_events")
         op.execute("DROP FUNCTION IF EXISTS response_events_append_only()")
     else:
+        op.execute("DROP TRIGGER IF EXISTS responses_delete_cascade")
         op.execute("DROP TRIGGER IF EXISTS response_events_no_update")
         op.execute("DROP TRIGGER IF EXISTS response_events_no_delete")
     op.drop_table("server_secrets")
@@ -170,6 +171,16 @@ _SQLITE_TRIGGERS = (
     WHEN EXISTS (SELECT 1 FROM responses WHERE responses.id = OLD.response_id)
     BEGIN
         SELECT RAISE(ABORT, 'response_events is append-only: delete the response instead');
+    END
+    """,
+    # ON DELETE CASCADE needs PRAGMA foreign_keys = ON, which every sqlite3 session must set
+    # for itself; this makes deleting a response complete in any session.
+    """
+    CREATE TRIGGER responses_delete_cascade AFTER DELETE ON responses
+    BEGIN
+        DELETE FROM response_events WHERE response_id = OLD.id;
+        DELETE FROM response_input_items WHERE response_id = OLD.id;
+        DELETE FROM response_audit WHERE response_id = OLD.id;
     END
     """,
 )

@@ -32,7 +32,11 @@ _VIEWS = {
     "function_calls",
     "conversation_chains",
 }
-_TRIGGERS_SQLITE = {"response_events_no_update", "response_events_no_delete"}
+_TRIGGERS_SQLITE = {
+    "response_events_no_update",
+    "response_events_no_delete",
+    "responses_delete_cascade",
+}
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])

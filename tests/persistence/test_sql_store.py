@@ -142,6 +142,28 @@ async def test_the_database_keeps_events_append_only(sql_url: str) -> None:
     assert await _fetch(sql_url, "SELECT count(*) FROM response_events") == [(0,)]
 
 
+async def test_sqlite_delete_without_foreign_keys_still_cascades(
+    migrated_sqlite_url: str,
+) -> None:
+    store = await open_store(migrated_sqlite_url, migrate=False)
+    try:
+        rid = await _started(store)
+        await store.append_audit(rid, [AuditRecord("finish", detail={})])
+    finally:
+        await store.close()
+    path = migrated_sqlite_url.split("///", 1)[1]
+    connection = sqlite3.connect(path, isolation_level=None)  # foreign_keys is OFF here
+    try:
+        connection.execute("DELETE FROM responses WHERE id = ?", (rid,))
+        counts = [
+            connection.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+            for table in ("response_events", "response_input_items", "response_audit")
+        ]
+    finally:
+        connection.close()
+    assert counts == [0, 0, 0]
+
+
 async def test_audit_token_ids_are_stored_as_bytes(sql_url: str) -> None:
     store = await open_store(sql_url, migrate=False)
     try:
