@@ -41,6 +41,7 @@ from domain.events import (
     ResponseQueued,
 )
 from domain.machine import INITIAL, LogState, apply, check_log
+from domain.projections import fold
 
 __all__ = ["ItemStatus", "Phase", "ResponseBuilder", "TerminalStatus", "Usage", "usage_json"]
 
@@ -143,7 +144,12 @@ class ResponseBuilder:
         if open_item is not None:
             opened = _Open(copy.deepcopy(added[open_item.output_index]), open_item.output_index)
             opened.content_index = max(len(open_item.parts) - 1, 0)
-            opened.text = list(open_item.parts[-1:])
+            current = fold(events)["output"][open_item.output_index]
+            if opened.kind in ("message", "reasoning"):
+                content = current.get("content") or []
+                opened.text = [content[-1].get("text", "")] if content else []
+            else:
+                opened.text = [current.get("arguments" if opened.kind == "function_call" else "input", "")]
             opened.text_done = open_item.text_done
             if opened.kind in ("message", "reasoning"):
                 opened.part_open = open_item.part_open

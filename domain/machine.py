@@ -26,6 +26,7 @@ Rules (``InvariantViolation.rule``):
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any, assert_never
@@ -74,8 +75,10 @@ class OpenItem:
     item_id: str
     item_type: str
     call_id: str | None
-    #: Text of each content part so far; for calls, one entry: the arguments / input so far.
-    parts: tuple[str, ...]
+    #: Fingerprint (length, CRC-32 of the UTF-8) of each content part's text so far; for calls,
+    #: one entry: the arguments / input so far. A fingerprint instead of the text keeps a delta
+    #: O(len(delta)) rather than O(len(text so far)); ``.done`` values are compared against it.
+    parts: tuple[tuple[int, int], ...]
     part_open: bool = False
     #: The open part's (or call's) ``.done`` text event was seen; no more deltas for it.
     text_done: bool = False
@@ -129,16 +132,25 @@ def _call_target(state: LogState, item_type: str, item_id: str, output_index: in
     return item
 
 
+EMPTY: tuple[int, int] = (0, 0)
+
+
+def fingerprint(text: str, start: tuple[int, int] = EMPTY) -> tuple[int, int]:
+    """(length, CRC-32) of ``start``'s text followed by ``text``."""
+    return (start[0] + len(text), zlib.crc32(text.encode("utf-8", "surrogatepass"), start[1]))
+
+
 def _append(state: LogState, item: OpenItem, delta: str) -> LogState:
-    parts = (*item.parts[:-1], item.parts[-1] + delta)
+    parts = (*item.parts[:-1], fingerprint(delta, item.parts[-1]))
     return replace(state, open_item=replace(item, parts=parts))
 
 
-def _check_done(expected: str, got: str, what: str) -> None:
-    if got != expected:
+def _check_done(expected: tuple[int, int], got: str, what: str) -> None:
+    if fingerprint(got) != expected:
         raise _fail(
             "done_differs_from_deltas",
-            f"{what} is {got[:80]!r} but its deltas concatenate to {expected[:80]!r}",
+            f"{what} is {got[:80]!r} ({len(got)} chars) but its deltas concatenate to "
+            f"other text ({expected[0]} chars)",
         )
 
 
@@ -210,8 +222,8 @@ def apply(state: LogState, event: Event) -> LogState:
             if item_type not in ITEM_TYPES:
                 raise _fail("unknown_item_type", f"item type {item_type!r}")
             wire_item = event.item
-            parts: tuple[str, ...] = (
-                () if item_type in _PART_TYPE else (_item_texts(wire_item)[0],)
+            parts: tuple[tuple[int, int], ...] = (
+                () if item_type in _PART_TYPE else (fingerprint(_item_texts(wire_item)[0]),)
             )
             return replace(
                 state,
@@ -242,9 +254,11 @@ def apply(state: LogState, event: Event) -> LogState:
                 )
             if open_.part_open:
                 raise _fail("part_still_open", "output_item.done while a content part is open")
-            _check_done("".join(open_.parts), "".join(_item_texts(event.item)), "output_item.done")
-            if len(_item_texts(event.item)) != len(open_.parts):
+            texts = _item_texts(event.item)
+            if len(texts) != len(open_.parts):
                 raise _fail("done_differs_from_deltas", "output_item.done has other content parts")
+            for part_print, text in zip(open_.parts, texts, strict=True):
+                _check_done(part_print, text, "output_item.done")
             return replace(state, open_item=None)
         case ContentPartAdded():
             open_ = _open_item(state, event.item_id, event.output_index, "content_part.added")
@@ -262,7 +276,7 @@ def apply(state: LogState, event: Event) -> LogState:
                 raise _fail("done_differs_from_deltas", "a content part must start empty")
             return replace(
                 state,
-                open_item=replace(open_, parts=(*open_.parts, ""), part_open=True, text_done=False),
+                open_item=replace(open_, parts=(*open_.parts, EMPTY), part_open=True, text_done=False),
             )
         case ContentPartDone():
             open_ = _open_item(state, event.item_id, event.output_index, "content_part.done")
