@@ -41,8 +41,9 @@ def ledger(tmp_path_factory: pytest.TempPathFactory, engine: ScriptedEngine) -> 
 
 
 @pytest.fixture
-def client(ledger: RunningServer) -> OpenAI:
-    return OpenAI(base_url=ledger.base_url + "/v1", api_key="test-key", max_retries=0, timeout=60)
+def client(ledger: RunningServer) -> Iterator[OpenAI]:
+    with OpenAI(base_url=ledger.base_url + "/v1", api_key="test-key", max_retries=0, timeout=60) as c:
+        yield c
 
 
 def harmony(*messages: tuple[str, str], end: str = "<|return|>") -> str:
