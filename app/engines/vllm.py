@@ -1,0 +1,473 @@
+"""vLLM's async engine (``AsyncLLM``) in the server's process: the production engine.
+
+The engine is fed token ids and streams token ids. Harmony does all tokenising, so vLLM starts with
+``skip_tokenizer_init=True``, every prompt goes in as ``TokensPrompt(prompt_token_ids=...)`` and
+every request asks for ``RequestOutputKind.DELTA`` with ``detokenize=False``. Without a tokenizer
+vLLM knows no EOS token, so ``<|return|>`` and ``<|call|>`` are always passed as
+``stop_token_ids``.
+
+Checks done here because vLLM does not do them (or does them badly) without a tokenizer:
+
+- Every prompt token id must be in ``[0, vocab_size)``. vLLM only checks ids against a tokenizer;
+  an out-of-range id reaches the embedding and kills the engine core for every request.
+- ``prompt + max_tokens`` must fit the context. vLLM silently shortens the output when it does not,
+  which the client would see as a truncated answer with no reason; here it is ``PromptTooLong``.
+  ``max_tokens=None`` means "the rest of the context".
+
+When the engine core dies (``EngineDeadError``) each open generation ends with a chunk whose
+``finish_reason`` is ``error``, and :meth:`VllmEngine.healthy` turns False; nothing hangs.
+
+Configuration: :class:`VllmEngineConfig` is a frozen value built by :func:`engine_config_from`
+from keyword overrides, then command-line arguments (see :func:`add_engine_arguments`), then
+environment variables, then defaults:
+
+=================================  ==========================================  ==================
+argument                           environment variable                        default
+=================================  ==========================================  ==================
+``--model``                        ``RESPONSES_LEDGER_MODEL``                  (required)
+``--served-model-name`` (repeat)   ``RESPONSES_LEDGER_SERVED_MODEL_NAME`` (a,b)  the model
+``--tensor-parallel-size``         ``RESPONSES_LEDGER_VLLM_TENSOR_PARALLEL_SIZE``  1
+``--data-parallel-size``           ``RESPONSES_LEDGER_VLLM_DATA_PARALLEL_SIZE``  1
+``--max-model-len``                ``RESPONSES_LEDGER_VLLM_MAX_MODEL_LEN``     the model's
+``--gpu-memory-utilization``       ``RESPONSES_LEDGER_VLLM_GPU_MEMORY_UTILIZATION``  vLLM's (0.9)
+``--kv-cache-memory-bytes``        ``RESPONSES_LEDGER_VLLM_KV_CACHE_MEMORY_BYTES``  vLLM's (``4G`` ok)
+``--dtype``                        ``RESPONSES_LEDGER_VLLM_DTYPE``             ``auto``
+``--enforce-eager``                ``RESPONSES_LEDGER_VLLM_ENFORCE_EAGER``     off (``1``: on)
+``--seed``                         ``RESPONSES_LEDGER_VLLM_SEED``              0
+``--load-format``                  ``RESPONSES_LEDGER_VLLM_LOAD_FORMAT``       ``auto``
+``--vllm-engine-args`` (JSON)      ``RESPONSES_LEDGER_VLLM_ENGINE_ARGS``       ``{}``
+=================================  ==========================================  ==================
+
+``--vllm-engine-args`` is a JSON object of any further ``AsyncEngineArgs`` fields, e.g.
+``{"max_num_seqs": 128, "enable_prefix_caching": false}``. ``--load-format dummy`` fills the
+weights with random values (see ``app.engines.tiny_model``). The model variables are the ones
+``app.settings`` reads too. None of ours is named ``VLLM_*``: vLLM treats every ``VLLM_*``
+variable as its own and warns about (on some platforms refuses) names it does not know. vLLM's own
+variables (``VLLM_CPU_KVCACHE_SPACE``, ``VLLM_CACHE_ROOT``, ...) work as vLLM documents them.
+
+``vllm`` is imported only by :meth:`VllmEngine.start`, so this module (and the CLI that builds the
+config) loads without vLLM installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import re
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+from app.engines.protocol import EngineChunk, EngineError, FinishReason, PromptTooLong, Sampling
+
+if TYPE_CHECKING:
+    from vllm.outputs import RequestOutput
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+__all__ = [
+    "HARMONY_STOP_TOKEN_IDS",
+    "VllmEngine",
+    "VllmEngineConfig",
+    "add_engine_arguments",
+    "engine_config_from",
+]
+
+log = logging.getLogger(__name__)
+
+#: ``<|return|>`` and ``<|call|>`` in o200k_harmony: the only ways a gpt-oss turn ends.
+HARMONY_STOP_TOKEN_IDS: tuple[int, ...] = (200002, 200012)
+
+_ENV_PREFIX = "RESPONSES_LEDGER_VLLM_"
+_FINISH_REASONS: dict[str, FinishReason] = {
+    "stop": "stop",
+    "length": "length",
+    "abort": "abort",
+    "error": "error",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class VllmEngineConfig:
+    """Everything :class:`VllmEngine` passes to vLLM. ``None`` leaves vLLM's default."""
+
+    model: str
+    served_model_names: tuple[str, ...] = ()
+    tensor_parallel_size: int = 1
+    data_parallel_size: int = 1
+    max_model_len: int | None = None
+    gpu_memory_utilization: float | None = None
+    kv_cache_memory_bytes: int | None = None
+    dtype: str = "auto"
+    enforce_eager: bool = False
+    seed: int | None = 0
+    load_format: str = "auto"
+    #: Passed to ``AsyncEngineArgs`` as they are, after (and over) the fields above.
+    extra_engine_args: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.model:
+            raise ValueError("a vLLM model (path or name) is required")
+        object.__setattr__(self, "served_model_names", tuple(self.served_model_names))
+        object.__setattr__(
+            self, "extra_engine_args", MappingProxyType(dict(self.extra_engine_args))
+        )
+
+    @property
+    def model_names(self) -> tuple[str, ...]:
+        return self.served_model_names or (self.model,)
+
+    def engine_args(self) -> dict[str, Any]:
+        """Keyword arguments for ``vllm.engine.arg_utils.AsyncEngineArgs``."""
+        args: dict[str, Any] = {
+            "model": self.model,
+            "served_model_name": list(self.model_names),
+            "skip_tokenizer_init": True,
+            "tensor_parallel_size": self.tensor_parallel_size,
+            "data_parallel_size": self.data_parallel_size,
+            "dtype": self.dtype,
+            "enforce_eager": self.enforce_eager,
+            "seed": self.seed,
+            "load_format": self.load_format,
+            # Stats are only logged when a server calls do_log_stats(); we never do.
+            "disable_log_stats": True,
+        }
+        optional = {
+            "max_model_len": self.max_model_len,
+            "gpu_memory_utilization": self.gpu_memory_utilization,
+            "kv_cache_memory_bytes": self.kv_cache_memory_bytes,
+        }
+        args.update({key: value for key, value in optional.items() if value is not None})
+        args.update(self.extra_engine_args)
+        if not args.get("skip_tokenizer_init"):
+            raise ValueError("VllmEngine needs skip_tokenizer_init=True: Harmony tokenises")
+        return args
+
+
+# -- configuration from arguments and environment -----------------------------------------------
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
+_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def _parse_bytes(text: str) -> int:
+    """``1073741824``, ``1G``, ``512MiB``, ``1.5gb`` -> bytes (binary units)."""
+    match = _SIZE.match(text)
+    if match is None:
+        raise ValueError(f"not a size in bytes: {text!r}")
+    number, unit = match.groups()
+    return int(float(number) * _SIZE_UNITS[unit.lower()])
+
+
+def _parse_bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in {"1", "true", "yes", "on"}:
+        return True
+    if value in {"0", "false", "no", "off", ""}:
+        return False
+    raise ValueError(f"not a boolean: {text!r}")
+
+
+def _parse_json_object(text: str) -> dict[str, Any]:
+    value = json.loads(text) if text.strip() else {}
+    if not isinstance(value, dict):
+        raise ValueError(f"vLLM engine args must be a JSON object, got {text!r}")
+    return value
+
+
+def _parse_names(text: str) -> tuple[str, ...]:
+    return tuple(name.strip() for name in text.split(",") if name.strip())
+
+
+# field -> (command-line option, parser). The option's dest is the field name.
+_OPTIONS: dict[str, tuple[str, Any]] = {
+    "model": ("--model", str),
+    "served_model_names": ("--served-model-name", _parse_names),
+    "tensor_parallel_size": ("--tensor-parallel-size", int),
+    "data_parallel_size": ("--data-parallel-size", int),
+    "max_model_len": ("--max-model-len", int),
+    "gpu_memory_utilization": ("--gpu-memory-utilization", float),
+    "kv_cache_memory_bytes": ("--kv-cache-memory-bytes", _parse_bytes),
+    "dtype": ("--dtype", str),
+    "enforce_eager": ("--enforce-eager", _parse_bool),
+    "seed": ("--seed", int),
+    "load_format": ("--load-format", str),
+    "extra_engine_args": ("--vllm-engine-args", _parse_json_object),
+}
+_ENV_NAMES = {name: f"{_ENV_PREFIX}{name.upper()}" for name in _OPTIONS} | {
+    "model": "RESPONSES_LEDGER_MODEL",
+    "served_model_names": "RESPONSES_LEDGER_SERVED_MODEL_NAME",
+    "extra_engine_args": f"{_ENV_PREFIX}ENGINE_ARGS",
+}
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add the vLLM options (table in the module docstring) to ``parser``.
+
+    Every option defaults to None so that :func:`engine_config_from` can tell "not given" from a
+    value and fall back to the environment. A CLI that defines ``--model`` or
+    ``--served-model-name`` itself can skip this and use the same ``dest`` names (the field names).
+    """
+    group = parser.add_argument_group("vLLM engine", "(environment: RESPONSES_LEDGER_VLLM_*)")
+    for name, (option, convert) in _OPTIONS.items():
+        help_text = f"env {_ENV_NAMES[name]}"
+        if name == "served_model_names":
+            group.add_argument(option, dest=name, action="append", default=None, help=help_text)
+        elif name == "enforce_eager":
+            group.add_argument(
+                option,
+                dest=name,
+                action=argparse.BooleanOptionalAction,
+                default=None,
+                help=help_text,
+            )
+        else:
+            group.add_argument(option, dest=name, type=convert, default=None, help=help_text)
+    return parser
+
+
+def engine_config_from(
+    args: argparse.Namespace | None = None,
+    environ: Mapping[str, str] | None = None,
+    **overrides: Any,
+) -> VllmEngineConfig:
+    """Build the config. Precedence: ``overrides`` (keyword = field name; None is ignored), then a
+    command-line value in ``args``, then the environment, then the default. Raises ValueError
+    naming the variable that does not parse, or saying that no model was given."""
+    environ = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    for name, (_option, convert) in _OPTIONS.items():
+        given = getattr(args, name, None) if args is not None else None
+        if overrides.get(name) is not None:
+            values[name] = overrides[name]
+        elif given is not None:
+            if name == "served_model_names":
+                # --served-model-name a --served-model-name b, or --served-model-name a,b
+                items = [given] if isinstance(given, str) else given
+                given = tuple(n for item in items for n in _parse_names(item))
+            values[name] = given
+        elif raw := environ.get(_ENV_NAMES[name], "").strip():
+            try:
+                values[name] = convert(raw)
+            except ValueError as exc:
+                raise ValueError(f"{_ENV_NAMES[name]}={raw!r}: {exc}") from exc
+    unknown = set(overrides) - set(_OPTIONS)
+    if unknown:
+        raise TypeError(f"unknown vLLM engine settings: {', '.join(sorted(unknown))}")
+    if "model" not in values:
+        raise ValueError(f"no vLLM model: pass --model or set {_ENV_NAMES['model']}")
+    return VllmEngineConfig(**values)
+
+
+# -- the engine -------------------------------------------------------------------------------------
+
+
+class VllmEngine:
+    """``Engine`` backed by ``vllm.v1.engine.async_llm.AsyncLLM`` in this process.
+
+    ``vocab_size`` and ``max_model_len`` are vLLM's resolved values and are known once
+    :meth:`start` has returned (before that ``vocab_size`` is 0 and generate() refuses).
+    """
+
+    def __init__(self, config: VllmEngineConfig) -> None:
+        self.config = config
+        self.model_names: tuple[str, ...] = config.model_names
+        self.vocab_size: int = 0
+        self.max_model_len: int | None = config.max_model_len
+        self._llm: AsyncLLM | None = None
+        self._dead: str | None = None
+
+    async def start(self) -> None:
+        """Start vLLM's engine core (blocks the loop while it loads, as vLLM's own server does)."""
+        if self._llm is not None:
+            return
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        engine_args = AsyncEngineArgs(**self.config.engine_args())
+        llm = AsyncLLM.from_engine_args(engine_args)
+        self.vocab_size = llm.model_config.get_vocab_size()
+        self.max_model_len = llm.model_config.max_model_len
+        self._llm = llm
+        self._dead = None
+        log.info(
+            "vLLM engine ready: model=%s vocab_size=%d max_model_len=%d",
+            self.config.model,
+            self.vocab_size,
+            self.max_model_len,
+        )
+
+    async def stop(self) -> None:
+        llm, self._llm = self._llm, None
+        if llm is None:
+            return
+        # Blocking (it joins the engine core); run off the loop so open streams can finish. It
+        # hands the closing of its asyncio sockets back to this loop, which has run that callback
+        # by the time the thread's result arrives.
+        await asyncio.to_thread(llm.shutdown)
+        # vLLM never terminates its ZMQ context; once it is garbage collected pyzmq warns
+        # ("Unclosed context"), which the test suite turns into an error. All its sockets are
+        # closed now, so terminating it cannot block.
+        resources = getattr(llm.engine_core, "resources", None)
+        ctx = getattr(resources, "ctx", None)
+        if ctx is not None and not ctx.closed:
+            ctx.destroy(linger=0)
+
+    def healthy(self) -> bool:
+        if self._llm is None or self._dead is not None:
+            return False
+        if self._llm.errored:
+            self._dead = "vLLM engine core is dead"
+            return False
+        return True
+
+    @property
+    def num_unfinished_requests(self) -> int:
+        """Requests vLLM is still tracking (queued or running); 0 when stopped."""
+        return 0 if self._llm is None else self._llm.get_num_unfinished_requests()
+
+    async def abort(self, request_id: str) -> None:
+        if self._llm is not None and self._dead is None:
+            await self._llm.abort(request_id)
+
+    def generate(
+        self, prompt_token_ids: Sequence[int], sampling: Sampling, request_id: str
+    ) -> AsyncIterator[EngineChunk]:
+        """Validate now (raising ``EngineError``/``PromptTooLong``), then stream lazily."""
+        if self._llm is None:
+            raise EngineError("the vLLM engine is not started")
+        prompt = list(prompt_token_ids)
+        self._check_prompt(prompt)
+        max_tokens = self._max_tokens(len(prompt), sampling.max_tokens)
+        self._check_ids(sampling.logit_bias, "logit_bias token id")
+        self._check_ids(sampling.stop_token_ids, "stop token id")
+        return self._stream(prompt, sampling, max_tokens, request_id)
+
+    # -- internals ----------------------------------------------------------------------------------
+
+    def _check_prompt(self, prompt: list[int]) -> None:
+        if not prompt:
+            raise EngineError("the prompt has no tokens")
+        self._check_ids(prompt, "prompt token id")
+
+    def _check_ids(self, ids: Sequence[int] | Mapping[int, float], what: str) -> None:
+        if not ids:
+            return
+        try:
+            in_range = min(ids) >= 0 and max(ids) < self.vocab_size
+        except TypeError:
+            in_range = False
+        if in_range and all(type(token_id) is int for token_id in ids):
+            return
+        for index, token_id in enumerate(ids):
+            if type(token_id) is not int or not 0 <= token_id < self.vocab_size:
+                raise EngineError(
+                    f"{what} {token_id!r} (position {index}) is outside the model's vocabulary "
+                    f"[0, {self.vocab_size})"
+                )
+
+    def _max_tokens(self, prompt_len: int, requested: int | None) -> int:
+        limit = self.max_model_len
+        assert limit is not None  # resolved by start()
+        if requested is not None and requested < 1:
+            raise EngineError(f"max_tokens must be at least 1, got {requested}")
+        remaining = limit - prompt_len
+        if remaining < 1:
+            raise PromptTooLong(prompt_len, requested, limit)
+        if requested is None:
+            return remaining
+        if requested > remaining:
+            raise PromptTooLong(prompt_len, requested, limit)
+        return requested
+
+    def _sampling_params(self, sampling: Sampling, max_tokens: int) -> Any:
+        from vllm.sampling_params import RequestOutputKind, SamplingParams
+
+        stop = list(dict.fromkeys((*HARMONY_STOP_TOKEN_IDS, *sampling.stop_token_ids)))
+        optional = {
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "seed": sampling.seed,
+        }
+        return SamplingParams(
+            max_tokens=max_tokens,
+            stop_token_ids=stop,
+            logit_bias=dict(sampling.logit_bias) or None,
+            output_kind=RequestOutputKind.DELTA,
+            detokenize=False,
+            skip_special_tokens=False,
+            **{key: value for key, value in optional.items() if value is not None},
+        )
+
+    async def _stream(
+        self, prompt: list[int], sampling: Sampling, max_tokens: int, request_id: str
+    ) -> AsyncIterator[EngineChunk]:
+        from vllm.exceptions import VLLMClientError
+        from vllm.inputs import TokensPrompt
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        llm = self._llm
+        if llm is None or not self.healthy():
+            yield EngineChunk((), finish_reason="error", error=self._dead or "engine stopped")
+            return
+        params = self._sampling_params(sampling, max_tokens)
+        outputs = llm.generate(TokensPrompt(prompt_token_ids=prompt), params, request_id)
+        finished = False
+        try:
+            async for output in outputs:
+                chunk = self._chunk(output)
+                finished = chunk.finish_reason is not None
+                yield chunk
+                if finished:
+                    return
+            # vLLM's stream ended without a finished output: only a shutdown does that.
+            finished = True
+            yield EngineChunk((), finish_reason="error", error="the vLLM engine stopped")
+        except EngineDeadError as exc:
+            finished = True
+            self._dead = f"vLLM engine core died: {exc}"
+            log.error("request %s: %s", request_id, self._dead)
+            yield EngineChunk((), finish_reason="error", error=self._dead)
+        except VLLMClientError as exc:
+            finished = True  # vLLM rejected the request before it started
+            raise EngineError(f"vLLM rejected the request: {exc}") from exc
+        except Exception as exc:  # EngineGenerateError and the like: this request only
+            finished = True
+            log.exception("request %s failed in vLLM", request_id)
+            cause = exc.__cause__ or exc
+            yield EngineChunk((), finish_reason="error", error=f"{type(cause).__name__}: {cause}")
+        finally:
+            if not finished:
+                # The consumer went away (aclose / GeneratorExit / CancelledError): free the
+                # request in vLLM. Closing vLLM's generator aborts it; abort() again is a no-op.
+                await outputs.aclose()
+                if self._llm is not None and self._dead is None:
+                    await self._llm.abort(request_id)
+
+    def _chunk(self, output: RequestOutput) -> EngineChunk:
+        completion = output.outputs[0]
+        cached = output.num_cached_tokens
+        if not output.finished:
+            return EngineChunk(tuple(completion.token_ids), num_cached_tokens=cached)
+        raw = completion.finish_reason or "error"
+        reason = _FINISH_REASONS.get(raw)
+        if reason is None:
+            return EngineChunk(
+                tuple(completion.token_ids),
+                finish_reason="error",
+                num_cached_tokens=cached,
+                error=f"vLLM finished the request with reason {raw!r}",
+            )
+        return EngineChunk(
+            tuple(completion.token_ids),
+            finish_reason=reason,
+            num_cached_tokens=cached,
+            error="vLLM reported an error for this request" if reason == "error" else None,
+        )
+
+
+#: The settings names :func:`add_engine_arguments` adds (each one's argparse ``dest``).
+ENGINE_OPTION_NAMES: tuple[str, ...] = tuple(_OPTIONS)

