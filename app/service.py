@@ -280,6 +280,11 @@ class ResponseService:
         }
         for name in _ECHOED:
             skeleton[name] = data.get(name)
+        # OpenAI echoes function tools with ``strict`` filled in (default true); its schema requires it
+        skeleton["tools"] = [
+            {**tool, "strict": tool.get("strict", True)} if tool.get("type") == "function" else tool
+            for tool in request.tools
+        ]
         skeleton["metadata"] = request.metadata or {}
         skeleton["text"] = request.text or {"format": {"type": "text"}}
         skeleton["truncation"] = request.truncation or "disabled"
