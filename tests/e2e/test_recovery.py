@@ -1,0 +1,219 @@
+"""Issue 6, point 7: restart recovery.
+
+A real ``responses-ledger serve`` process (scripted engine, SQLite file) is killed with SIGKILL
+while a background response is streaming; the next process closes that response's log at
+start-up with ``response.failed`` (``server_error``, "the server restarted"), its open item
+closed ``incomplete``, and the stream stays resumable up to that terminal event.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from openai import OpenAI
+
+from app.encoding import load_encoding
+from app.engines.scripted import ScriptedEngine
+from app.settings import Settings
+from tests.e2e.conftest import harmony, sse_events
+from tests.support.server import free_port, serve
+from tests.support.stream_checker import check_stream
+
+REPO = Path(__file__).resolve().parents[2]
+MODEL = "gpt-oss-recovery"
+REASONING = "Let me think this through."
+TERMINALS = ("response.completed", "response.incomplete", "response.failed", "response.cancelled")
+WORDS = " ".join(f"word{i}" for i in range(300))  # ~600 tokens at 40 ms: far longer than the test
+
+
+def _command() -> str:
+    local = Path(sys.executable).parent / "responses-ledger"
+    found = str(local) if local.exists() else shutil.which("responses-ledger")
+    assert found, "the responses-ledger command is not installed"
+    return found
+
+
+class Process:
+    def __init__(self, tmp: Path, name: str, db: Path, turns: list[dict[str, Any]]) -> None:
+        script = tmp / f"{name}.json"
+        script.write_text(json.dumps({"turns": turns}))
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.log = tmp / f"{name}.log"
+        env = {**os.environ, "RESPONSES_LEDGER_CACHE": str(REPO / ".cache")}
+        for var in (
+            "DATABASE_URL",
+            "RESPONSES_LEDGER_RECOVER_ON_START",
+            "RESPONSES_LEDGER_MODEL_ALIASES",
+        ):
+            env.pop(var, None)
+        with self.log.open("wb") as out:
+            self.proc = subprocess.Popen(
+                [
+                    _command(),
+                    "serve",
+                    "--engine",
+                    "scripted",
+                    "--script",
+                    str(script),
+                    "--database-url",
+                    f"sqlite+aiosqlite:///{db}",
+                    "--port",
+                    str(self.port),
+                    "--served-model-name",
+                    MODEL,
+                    "--log-level",
+                    "warning",
+                ],
+                cwd=REPO,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        deadline = time.monotonic() + 60
+        while True:
+            if self.proc.poll() is not None:
+                raise AssertionError(
+                    f"the server exited ({self.proc.returncode}):\n{self.log.read_text()}"
+                )
+            try:
+                if httpx.get(self.base_url + "/health", timeout=1).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise AssertionError(f"the server did not become ready:\n{self.log.read_text()}")
+            time.sleep(0.05)
+
+    def kill(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+@pytest.fixture
+def processes() -> Iterator[list[Process]]:
+    started: list[Process] = []
+    yield started
+    for process in started:
+        process.stop()
+
+
+def _events(base_url: str, response_id: str) -> list[dict[str, Any]]:
+    resp = httpx.get(f"{base_url}/v1/responses/{response_id}/events", timeout=30)
+    assert resp.status_code == 200, resp.text
+    return list(resp.json()["data"])
+
+
+def _replay(base_url: str, response_id: str, after: int | None = None) -> list[dict[str, Any]]:
+    params: dict[str, Any] = {"stream": "true"}
+    if after is not None:
+        params["starting_after"] = after
+    with httpx.stream(
+        "GET", f"{base_url}/v1/responses/{response_id}", params=params, timeout=30
+    ) as r:
+        assert r.status_code == 200, r.read()
+        return sse_events(r.read())
+
+
+def test_killed_server_closes_the_response_at_restart(
+    tmp_path: Path, processes: list[Process]
+) -> None:
+    db = tmp_path / "responses.db"
+    slow = {"completion": harmony(("analysis", REASONING), ("final", WORDS)), "token_delay_ms": 40}
+    first = Process(tmp_path, "first", db, [slow])
+    processes.append(first)
+
+    resp = httpx.post(
+        first.base_url + "/v1/responses",
+        json={"model": MODEL, "input": "go", "background": True},
+        timeout=30,
+    )
+    assert resp.status_code == 200, resp.text
+    queued = resp.json()
+    assert queued["status"] == "queued"
+    response_id = queued["id"]
+
+    deadline = time.monotonic() + 30
+    while True:
+        before = _events(first.base_url, response_id)
+        if sum(e["type"] == "response.output_text.delta" for e in before) >= 3:
+            break
+        assert time.monotonic() < deadline, "no deltas were stored"
+        time.sleep(0.02)
+    first.kill()
+    assert first.proc.returncode == -signal.SIGKILL
+
+    # Start again on the same database: here in-thread (``serve``), the way the e2e fixture runs.
+    url = f"sqlite+aiosqlite:///{db}"
+    settings = Settings(engine="scripted", database_url=url, served_model_names=(MODEL,))
+    engine = ScriptedEngine(
+        load_encoding(), [MODEL], {"turns": [{"completion": harmony(("final", "Back again."))}]}
+    )
+    with serve(settings, engine=engine) as second:
+        client = OpenAI(base_url=second.base_url + "/v1", api_key="k", max_retries=0, timeout=30)
+        response = client.responses.retrieve(response_id)
+        assert response.status == "failed"
+        assert response.error is not None
+        assert (response.error.code, response.error.message) == (
+            "server_error",
+            "the server restarted",
+        )
+        reasoning, message = response.output
+        assert reasoning.type == "reasoning" and reasoning.status == "completed"
+        assert reasoning.content is not None and reasoning.content[0].text == REASONING
+        assert message.type == "message" and message.status == "incomplete"
+        text = message.content[0].text
+        assert text and WORDS.startswith(text) and text != WORDS
+
+        log = _events(second.base_url, response_id)
+        assert log[: len(before)] == before  # append-only: what was stored before the kill is kept
+        assert [e["seq"] for e in log] == list(range(len(log)))
+        terminals = [e["type"] for e in log if e["type"] in TERMINALS]
+        assert terminals == ["response.failed"] and log[-1]["type"] == "response.failed"
+        deltas = "".join(
+            e["payload"]["delta"] for e in log if e["type"] == "response.output_text.delta"
+        )
+        assert deltas == text  # the item was closed with exactly what had been stored
+
+        # The stream replays to the terminal event, and resumes from any point of the log.
+        full = _replay(second.base_url, response_id)
+        assert check_stream(full)["status"] == "failed"
+        assert [e["sequence_number"] for e in full] == [e["seq"] for e in log]
+        fetched = httpx.get(f"{second.base_url}/v1/responses/{response_id}", timeout=30).json()
+        assert fetched == full[-1]["response"]
+        middle = next(e["seq"] for e in log if e["type"] == "response.output_text.delta")
+        assert _replay(second.base_url, response_id, after=middle) == full[middle + 1 :]
+        sdk_tail = list(client.responses.retrieve(response_id, stream=True, starting_after=middle))
+        assert [e.sequence_number for e in sdk_tail] == list(range(middle + 1, len(full)))
+        assert sdk_tail[-1].type == "response.failed"
+        assert _replay(second.base_url, response_id, after=len(full) - 1) == []
+
+        # The restarted server serves new requests.
+        assert client.responses.create(model=MODEL, input="hi").output_text == "Back again."
+
+    # Recovery is not repeated on a log that is already closed.
+    with serve(settings, engine=ScriptedEngine(load_encoding(), [MODEL], {"turns": []})) as third:
+        assert _events(third.base_url, response_id) == log
+        assert (
+            httpx.get(f"{third.base_url}/v1/responses/{response_id}", timeout=30).json() == fetched
+        )
