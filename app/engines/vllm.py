@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import logging
 import os
@@ -288,10 +289,11 @@ class VllmEngine:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         engine_args = AsyncEngineArgs(**self.config.engine_args())
-        llm = AsyncLLM.from_engine_args(engine_args)
-        self.vocab_size = llm.model_config.get_vocab_size()
-        self.max_model_len = llm.model_config.max_model_len
-        self._llm = llm
+        # No local holding the AsyncLLM: something in vLLM's start-up keeps this frame alive,
+        # and a frame holding it would keep it from being collected by stop().
+        self._llm = AsyncLLM.from_engine_args(engine_args)
+        self.vocab_size = self._llm.model_config.get_vocab_size()
+        self.max_model_len = self._llm.model_config.max_model_len
         self._dead = None
         log.info(
             "vLLM engine ready: model=%s vocab_size=%d max_model_len=%d",
@@ -315,6 +317,11 @@ class VllmEngine:
         ctx = getattr(resources, "ctx", None)
         if ctx is not None and not ctx.closed:
             ctx.destroy(linger=0)
+        # AsyncLLM sits in reference cycles; collected at interpreter exit its __del__ calls
+        # shutdown() again with the module globals already gone ("Exception ignored ...
+        # 'NoneType' object is not callable"). Collect it now, while shutdown() is a no-op.
+        del llm, resources, ctx
+        gc.collect()
 
     def healthy(self) -> bool:
         if self._llm is None or self._dead is not None:

@@ -412,9 +412,10 @@ async def test_dead_engine_core_ends_streams_with_error(vllm_scratch: Path) -> N
     try:
         stream = engine.generate(prompt(8), LONG, "doomed-1")
         await anext(stream)
-        for child in me.children():
-            if child.pid not in before:
-                child.kill()
+        cores = [c for c in me.children() if c.pid not in before and "EngineCore" in c.name()]
+        assert cores, [c.name() for c in me.children()]
+        for core in cores:
+            core.kill()
         rest = await asyncio.wait_for(collect(stream), timeout=30)
         final = check_one_final(rest)
         assert final.finish_reason == "error"
