@@ -128,10 +128,12 @@ class ResponseService:
         return [*self.engine.model_names, *self.settings.model_aliases]
 
     def resolve_model(self, name: str) -> str:
+        """The served model a request's ``model`` names (an alias resolves to its target, which
+        the Response reports, as OpenAI reports the snapshot an alias points to)."""
         if name in self.engine.model_names:
             return name
         if name in self.settings.model_aliases:
-            return name
+            return self.settings.model_aliases[name]
         raise APIError(
             404,
             f"The model `{name}` does not exist or you do not have access to it.",
@@ -197,7 +199,10 @@ class ResponseService:
         )
         if request.stream:
             run.first_queue = run.subscribe()  # before the first event can be published
-        task = asyncio.create_task(self._generate(run, builder, new_decoder, prompt_ids, sampling))
+        forced_call = rendered.prefill is not None
+        task = asyncio.create_task(
+            self._generate(run, builder, new_decoder, prompt_ids, sampling, forced_call=forced_call)
+        )
         run.task = task
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -301,7 +306,11 @@ class ResponseService:
         new_decoder: Callable[[], HarmonyDecoder],
         prompt_ids: Sequence[int],
         sampling: Sampling,
+        *,
+        forced_call: bool = False,
     ) -> None:
+        """``forced_call``: ``tool_choice`` was ``required`` or named, so a turn that ends without
+        calling a tool is not accepted as an answer: it ends ``failed`` (its text is kept)."""
         writer = LogWriter(run, self.store.submit if run.store else None)
         finish_reason: str | None = None
         engine_error: str | None = None
@@ -343,6 +352,11 @@ class ResponseService:
                     "response %s: recovered malformed model output (%s)", run.id, "; ".join(result.notes)
                 )
             status, error, reason = self._outcome(run, finish_reason, engine_error)
+            if status == "completed" and forced_call and result.calls == 0:
+                status, error = "failed", {
+                    "code": "server_error",
+                    "message": "tool_choice requires a tool call, but the model did not call a tool",
+                }
             usage = Usage(
                 input_tokens=len(prompt_ids),
                 cached_tokens=cached,

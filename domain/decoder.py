@@ -102,6 +102,8 @@ class DecodeResult:
     ended_with_call: bool = False
     #: Whether a final-channel message was produced.
     has_final: bool = False
+    #: How many function / custom tool calls were opened.
+    calls: int = 0
 
 
 class HarmonyDecoder:
@@ -208,7 +210,9 @@ class HarmonyDecoder:
         self._header = []
         self._in_content = True
         builder = self._builder
-        if recipient and recipient != "assistant":
+        # "functions." with no name: a forced header the model did not complete; not a call
+        if recipient and recipient not in ("assistant", "functions."):
+            self.result.calls += 1
             name = recipient.removeprefix("functions.")
             if recipient.startswith("functions.") and name in self._custom_tools:
                 builder.open_custom_tool_call(name)

@@ -167,10 +167,14 @@ class ToolChoice:
 
 @dataclass(frozen=True)
 class Prefill:
-    """The assistant header already written at the end of the prompt (a named ``tool_choice``).
+    """The assistant header already written at the end of the prompt (a forced ``tool_choice``).
 
-    The prompt ends with ``<|start|>assistant`` + :attr:`text`; generation starts inside the
-    message's content, on :attr:`channel`, addressed to :attr:`recipient`.
+    The prompt ends with ``<|start|>assistant`` + :attr:`text`. For a named choice generation
+    starts inside the message's content, on :attr:`channel`, addressed to :attr:`recipient`. For
+    ``required`` the header stops at ``to=functions.`` (:attr:`tool` is None, :attr:`recipient`
+    is ``"functions."``): the model writes the name of the tool it calls, and cannot write an
+    answer instead. Upstream (SGLang) forces named and required choices down the same path; the
+    price is that the model starts with the call, without an analysis message first.
     """
 
     channel: str
@@ -178,7 +182,7 @@ class Prefill:
     content_type: str
     text: str
     token_ids: tuple[int, ...]
-    tool: OfferedTool
+    tool: OfferedTool | None
 
 
 @dataclass(frozen=True)
@@ -557,7 +561,10 @@ class _Conversation:
                     "read here",
                     param=f"{param}.encrypted_content",
                 )
-            text = decrypt(encrypted)
+            try:
+                text = decrypt(encrypted)
+            except InvalidInput as exc:  # say which item it was
+                raise InvalidInput(exc.message, param=f"{param}.encrypted_content", code=exc.code) from None
         if text:
             self._append(
                 Message.from_role_and_content(Role.ASSISTANT, text).with_channel("analysis"),
@@ -695,6 +702,9 @@ def render_prompt(encoding: HarmonyEncoding, request: PromptRequest) -> Rendered
     if choice.mode == "named" and choice.tool is not None:
         prefill = _prefill(encoding, choice.tool)
         token_ids.extend(prefill.token_ids)
+    elif choice.mode == "required":
+        prefill = _required_prefill(encoding)
+        token_ids.extend(prefill.token_ids)
     # Harmony returns these from a hash set, in any order: sort them so equal requests give equal
     # prompts.
     stop = tuple(sorted(int(t) for t in encoding.stop_tokens_for_assistant_actions()))
@@ -705,6 +715,20 @@ def render_prompt(encoding: HarmonyEncoding, request: PromptRequest) -> Rendered
         omitted_tools=catalog.omitted,
         tool_choice=choice,
         prefill=prefill,
+    )
+
+
+def _required_prefill(encoding: HarmonyEncoding) -> Prefill:
+    """``<|channel|>commentary to=functions.``: some tool must be called; the model names it."""
+    ids = [int(t) for t in encoding.encode("<|channel|>", allowed_special={"<|channel|>"})]
+    ids.extend(int(t) for t in encoding.encode("commentary to=functions.", disallowed_special=()))
+    return Prefill(
+        channel="commentary",
+        recipient="functions.",
+        content_type="",
+        text="<|channel|>commentary to=functions.",
+        token_ids=tuple(ids),
+        tool=None,
     )
 
 

@@ -227,3 +227,20 @@ def test_a_function_declared_in_a_namespace_comes_back_with_its_name_and_namespa
     b.finish("completed", usage=Usage(), completed_at=1)
     item = fold(b.take())["output"][0]
     assert (item["name"], item["namespace"], item["arguments"]) == ("search", "mcp__docs__", '{"q":"x"}')
+
+
+def test_required_prefill_lets_the_model_name_the_tool() -> None:
+    response, _, result = decode(
+        'get_weather <|constrain|>json<|message|>{"city":"Rome"}<|call|>',
+        prefill="<|channel|>commentary to=functions.",
+    )
+    assert _summary(response) == [("function_call", "get_weather", '{"city":"Rome"}', "completed")]
+    assert result.calls == 1
+
+
+def test_an_incomplete_forced_header_is_not_a_call() -> None:
+    response, _, result = decode(
+        "<|channel|>final<|message|>No call.<|return|>", prefill="<|channel|>commentary to=functions."
+    )
+    assert result.calls == 0
+    assert [s[0] for s in _summary(response)] == ["message"]

@@ -929,12 +929,21 @@ def test_tool_choice_none_offers_no_tools() -> None:
     assert (prompt.tools, prompt.tool_choice.mode, prompt.prefill) == ((), "none", None)
 
 
-@pytest.mark.parametrize("choice", [None, "auto", "required"])
-def test_auto_and_required_offer_every_tool_without_prefill(choice: object) -> None:
+@pytest.mark.parametrize("choice", [None, "auto"])
+def test_auto_offers_every_tool_without_prefill(choice: object) -> None:
     prompt = render(items="hi", tools=ALL_TOOLS, tool_choice=choice)
     assert text_of(prompt) == system(tools=True) + TOOLS_DEVELOPER + user("hi") + ASSISTANT
     assert prompt.prefill is None
-    assert prompt.tool_choice.mode == ("required" if choice == "required" else "auto")
+    assert prompt.tool_choice.mode == "auto"
+
+
+def test_required_offers_every_tool_and_prefills_a_call_to_some_function() -> None:
+    prompt = render(items="hi", tools=ALL_TOOLS, tool_choice="required")
+    header = "<|channel|>commentary to=functions."
+    assert text_of(prompt) == system(tools=True) + TOOLS_DEVELOPER + user("hi") + ASSISTANT + header
+    assert prompt.prefill is not None and prompt.prefill.tool is None
+    assert (prompt.prefill.channel, prompt.prefill.recipient) == ("commentary", "functions.")
+    assert prompt.tool_choice.mode == "required"
 
 
 @pytest.mark.parametrize(

@@ -404,7 +404,7 @@ def test_alias_is_accepted(client: OpenAI, engine: ScriptedEngine, stream: bool)
     engine.add_turns(final("Via the alias."))
     response = create(client, stream, model=ALIAS, input="hi")
     assert response.status == "completed" and response.output_text == "Via the alias."
-    assert response.model in (ALIAS, MODEL)
+    assert response.model == MODEL  # the alias resolves to the served model
 
 
 def test_models_lists_exactly_what_is_accepted(
@@ -524,29 +524,36 @@ def test_none_hides_the_tools(client: OpenAI, engine: ScriptedEngine) -> None:
 def test_required_with_a_tool_returns_the_call(
     client: OpenAI, engine: ScriptedEngine, stream: bool
 ) -> None:
-    engine.add_turns({"completion": CALL_WEATHER})
+    # the prompt ends with "<|channel|>commentary to=functions.": the model names the tool
+    engine.add_turns({"completion": 'get_weather <|constrain|>json<|message|>{"city": "Paris"}<|call|>'})
     response = create(
         client, stream, model=MODEL, input="Weather?", tools=[WEATHER_TOOL], tool_choice="required"
     )
-    assert [o.type for o in response.output] == ["reasoning", "function_call"]
-    assert response.output[1].name == "get_weather" and response.tool_choice == "required"
+    assert [o.type for o in response.output] == ["function_call"]
+    assert response.output[0].name == "get_weather" and response.tool_choice == "required"
+    assert response.output[0].arguments == '{"city": "Paris"}'
     assert "type get_weather = " in decode(engine.prompts[-1])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason='domain/prompt.py validates tool_choice "required" but does not force a call: the prompt is '
-    "the auto prompt (ends with a bare <|start|>assistant), so a final answer is accepted",
-)
 def test_required_constrains_the_model_to_a_call(client: OpenAI, engine: ScriptedEngine) -> None:
-    engine.add_turns(final("I answer without calling anything."))
+    engine.add_turns({"completion": 'get_weather <|constrain|>json<|message|>{"city": "Oslo"}<|call|>'})
     response = client.responses.create(
         model=MODEL, input="Weather?", tools=[WEATHER_TOOL], tool_choice="required"
     )
     tail = decode(engine.prompts[-1]).rsplit("<|start|>", 1)[-1]
-    assert "to=functions." in tail, f"the prompt does not force a tool call: ...<|start|>{tail}"
-    assert any(o.type == "function_call" for o in response.output)
+    assert tail == "assistant<|channel|>commentary to=functions."
+    assert [o.type for o in response.output] == ["function_call"]
+
+
+def test_required_does_not_accept_an_answer_without_a_call(client: OpenAI, engine: ScriptedEngine) -> None:
+    # a model that ignores the forced header: its words are kept, the response does not succeed
+    engine.add_turns({"completion": "<|channel|>final<|message|>I answer without calling anything.<|return|>"})
+    response = client.responses.create(
+        model=MODEL, input="Weather?", tools=[WEATHER_TOOL], tool_choice="required"
+    )
+    assert response.status == "failed"
+    assert response.error is not None and "tool call" in response.error.message
+    assert "I answer without calling anything." in response.output_text
 
 
 @pytest.mark.parametrize(
@@ -768,7 +775,7 @@ def test_tampered_encrypted_content_is_400(
         resp = post(ledger, body)
         assert resp.status_code == 400, (bad, resp.text)
         err = error_of(resp, 400, code="invalid_encrypted_content", param=err_param(resp))
-        assert err["param"] in ("input", "input[1].encrypted_content")
+        assert err["param"] == "input[1].encrypted_content"
     assert len(engine.prompts) == prompts
 
 
