@@ -141,8 +141,12 @@ def fingerprint(text: str, start: tuple[int, int] = EMPTY) -> tuple[int, int]:
 
 
 def _append(state: LogState, item: OpenItem, delta: str) -> LogState:
+    # The per-token path: plain constructors, not dataclasses.replace (3x cheaper).
     parts = (*item.parts[:-1], fingerprint(delta, item.parts[-1]))
-    return replace(state, open_item=replace(item, parts=parts))
+    new_item = OpenItem(
+        item.output_index, item.item_id, item.item_type, item.call_id, parts, item.part_open, item.text_done
+    )
+    return LogState(state.next_seq, state.status, state.items_added, new_item, state.terminal)
 
 
 def _check_done(expected: tuple[int, int], got: str, what: str) -> None:
@@ -183,7 +187,7 @@ def apply(state: LogState, event: Event) -> LogState:
         )
     if state.status is None and not isinstance(event, ResponseCreated):
         raise _fail("created_not_first", f"{event.type} before response.created")
-    state = replace(state, next_seq=state.next_seq + 1)
+    state = LogState(state.next_seq + 1, state.status, state.items_added, state.open_item, state.terminal)
 
     match event:
         case ResponseCreated():

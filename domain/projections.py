@@ -64,6 +64,11 @@ def _field_names(cls: type[Any]) -> tuple[str, ...]:
 
 def payload(event: Event) -> Json:
     """The event's fields other than ``type`` and ``sequence_number``, as JSON values."""
+    cls = type(event)
+    if cls is OutputTextDelta and not event.logprobs:  # type: ignore[union-attr]
+        e: Any = event
+        return {"item_id": e.item_id, "output_index": e.output_index,
+                "content_index": e.content_index, "delta": e.delta, "logprobs": []}
     out: Json = {}
     for name in _field_names(type(event)):
         value = getattr(event, name)
