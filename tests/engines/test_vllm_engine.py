@@ -17,6 +17,7 @@ import pytest
 
 from app.encoding import load_encoding
 from app.engines.protocol import EngineChunk, EngineError, PromptTooLong, Sampling
+from app.engines.tiny_model import write_gpt_oss_20b_config
 from app.engines.vllm import (
     HARMONY_STOP_TOKEN_IDS,
     VllmEngine,
@@ -161,6 +162,30 @@ async def test_generate_before_start_refuses() -> None:
     assert not engine.healthy()
     with pytest.raises(EngineError, match="not started"):
         engine.generate([1, 2, 3], Sampling(max_tokens=1), "early")
+
+
+@vllm
+@pytest.mark.parametrize("mxfp4", [False, True], ids=["bf16", "mxfp4"])
+def test_gpt_oss_20b_config_is_what_vllm_reads(vllm_scratch: Path, mxfp4: bool) -> None:
+    """The GPU benchmark's model: vLLM resolves it as gpt-oss-20b without loading anything."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    directory = write_gpt_oss_20b_config(vllm_scratch / f"gpt-oss-20b-{mxfp4}", mxfp4=mxfp4)
+    model = EngineArgs(
+        model=str(directory), skip_tokenizer_init=True, load_format="dummy", max_model_len=8192
+    ).create_model_config()
+    hf = model.hf_config
+    assert model.architectures == ["GptOssForCausalLM"]
+    assert model.get_vocab_size() == 201088
+    assert (hf.num_hidden_layers, hf.hidden_size, hf.head_dim) == (24, 2880, 64)
+    assert (hf.num_attention_heads, hf.num_key_value_heads) == (64, 8)
+    assert (hf.num_local_experts, hf.num_experts_per_tok) == (32, 4)
+    assert hf.layer_types == ["sliding_attention", "full_attention"] * 12
+    assert model.get_sliding_window() == 128
+    rope = hf.rope_parameters
+    assert (rope["rope_type"], rope["factor"], rope["rope_theta"]) == ("yarn", 32.0, 150000)
+    assert rope["original_max_position_embeddings"] == 4096
+    assert (model.quantization is not None) == mxfp4
 
 
 # -- the engine ----------------------------------------------------------------------------------
