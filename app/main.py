@@ -71,7 +71,8 @@ def create_app(
     engine: Engine | None = None,
     store: EventStore | None = None,
 ) -> Starlette:
-    """``engine`` and ``store`` may be given (tests); otherwise they are built from settings."""
+    """``engine`` and ``store`` may be given (tests); otherwise they are built from settings.
+    Given ones are started if needed but never stopped or closed here: they belong to the caller."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -95,7 +96,8 @@ def create_app(
         finally:
             app.state.ready = False
             await service.shutdown()
-            await the_engine.stop()
+            if engine is None:  # an engine handed in belongs to the caller
+                await the_engine.stop()
             if own_store:
                 await the_store.close()
 
