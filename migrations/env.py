@@ -22,6 +22,7 @@ from alembic import context
 from sqlalchemy.engine import Connection
 
 from persistence.database import create_engine
+from persistence.migrate import take_migration_lock
 from persistence.schema import metadata
 
 config = context.config
@@ -58,12 +59,16 @@ def _run(connection: Connection) -> None:
         context.run_migrations()
 
 
+def _run_locked(connection: Connection) -> None:
+    take_migration_lock(connection)
+    _run(connection)
+
+
 async def _run_async() -> None:
     engine = create_engine(_database_url(), role="migrations")
     try:
-        async with engine.connect() as connection:
-            await connection.run_sync(_run)
-            await connection.commit()
+        async with engine.begin() as connection:  # one transaction, as persistence.migrate
+            await connection.run_sync(_run_locked)
     finally:
         await engine.dispose()
 

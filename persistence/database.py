@@ -101,33 +101,33 @@ def _sqlite_engine(
 ) -> AsyncEngine:
     if role == "migrations":
         # Foreign keys stay OFF here: batch migrations recreate tables, and with them ON
-        # dropping a parent table would cascade-delete every event.
+        # dropping a parent table would cascade-delete every event. A migration runs in one
+        # BEGIN IMMEDIATE transaction, so two processes starting at once take turns.
         engine = create_async_engine(url, poolclass=pool.NullPool)
         pragmas = [f"PRAGMA busy_timeout = {busy_timeout_ms}"]
     else:
-        size = 1 if role == "writer" else pool_size
-        engine = create_async_engine(url, pool_size=size, max_overflow=0)
+        if role == "writer":
+            engine = create_async_engine(url, pool_size=1, max_overflow=0)
+        else:
+            engine = create_async_engine(url, pool_size=pool_size, max_overflow=pool_size)
         pragmas = [
             f"PRAGMA busy_timeout = {busy_timeout_ms}",
             "PRAGMA journal_mode = WAL",
             f"PRAGMA synchronous = {synchronous}",
             "PRAGMA foreign_keys = ON",
         ]
-    begin = "BEGIN IMMEDIATE" if role == "writer" else "BEGIN"
+    begin = "BEGIN" if role == "reader" else "BEGIN IMMEDIATE"
 
     def on_connect(dbapi_connection: Any, _record: object) -> None:
-        if role != "migrations":
-            dbapi_connection.isolation_level = None  # we emit BEGIN ourselves (see on_begin)
+        dbapi_connection.isolation_level = None  # we emit BEGIN ourselves (see on_begin)
         cursor = dbapi_connection.cursor()
         for pragma in pragmas:
             cursor.execute(pragma)
         cursor.close()
 
+    def on_begin(connection: Any) -> None:
+        connection.exec_driver_sql(begin)
+
     event.listen(engine.sync_engine, "connect", on_connect)
-    if role != "migrations":
-
-        def on_begin(connection: Any) -> None:
-            connection.exec_driver_sql(begin)
-
-        event.listen(engine.sync_engine, "begin", on_begin)
+    event.listen(engine.sync_engine, "begin", on_begin)
     return engine

@@ -27,11 +27,15 @@ __all__ = [
     "current_async",
     "downgrade",
     "downgrade_async",
+    "take_migration_lock",
     "upgrade",
     "upgrade_async",
 ]
 
 _Command = Callable[[Config], None]
+
+# Any constant shared by every process that migrates this schema ("ledger" in ASCII).
+_MIGRATION_LOCK_KEY = 0x6C6564676572
 
 _SCRIPTS = Path(__file__).resolve().parent.parent / "migrations"
 
@@ -91,17 +95,29 @@ def _current_revision(connection: Connection) -> str | None:
     return MigrationContext.configure(connection).get_current_revision()
 
 
+def take_migration_lock(connection: Connection) -> None:
+    """Serialise migrations between processes, for the rest of the current transaction.
+
+    PostgreSQL: a transaction-scoped advisory lock. SQLite: the transaction already holds
+    the write lock (``BEGIN IMMEDIATE``, see ``persistence.database``). Either way a second
+    server starting at the same time waits, then finds the schema at head.
+    """
+    if connection.dialect.name == "postgresql":
+        connection.exec_driver_sql(f"SELECT pg_advisory_xact_lock({_MIGRATION_LOCK_KEY})")
+
+
 async def _with_connection(database_url: str | URL, run: _Command) -> None:
     config = alembic_config(database_url)
     engine = create_engine(database_url, role="migrations")
     try:
-        async with engine.connect() as connection:
+        # One transaction around the whole command: alembic sees it and leaves it to us.
+        async with engine.begin() as connection:
 
             def in_greenlet(sync_connection: Connection) -> None:
+                take_migration_lock(sync_connection)
                 config.attributes["connection"] = sync_connection
                 run(config)
 
             await connection.run_sync(in_greenlet)
-            await connection.commit()
     finally:
         await engine.dispose()

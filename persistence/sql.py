@@ -95,6 +95,8 @@ async def open_store(
     """Open (creating and migrating to head unless ``migrate=False``) the store at
     ``database_url``: ``sqlite+aiosqlite:///path.db`` or ``postgresql+asyncpg://...``
     (plain ``sqlite://`` and ``postgresql://`` URLs get the async driver)."""
+    if commit_window_ms < 0 or max_batch_events < 1:
+        raise ValueError("commit_window_ms must be >= 0 and max_batch_events >= 1")
     if migrate:
         await upgrade_async(database_url)
     options: dict[str, Any] = {
