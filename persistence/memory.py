@@ -28,6 +28,7 @@ from persistence.records import (
     ResponseRow,
     StoredEvent,
     dump_json,
+    item_id,
     pack_token_ids,
     unpack_token_ids,
 )
@@ -78,7 +79,10 @@ class MemoryStore:
         self._check_open()
         if new.id in self._rows:
             raise ConcurrencyError(f"response {new.id!r} already exists")
-        inputs = [_InputItem(str(item["id"]), dump_json(item)) for item in new.input_items]
+        inputs = [
+            _InputItem(item_id(item, position), dump_json(item))
+            for position, item in enumerate(new.input_items)
+        ]
         self._rows[new.id] = ResponseRow(
             id=new.id,
             model=new.model,

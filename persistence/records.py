@@ -24,6 +24,7 @@ __all__ = [
     "StoredEvent",
     "check_json_text",
     "dump_json",
+    "item_id",
     "pack_token_ids",
     "unpack_token_ids",
 ]
@@ -91,6 +92,14 @@ class NewResponse:
     background: bool
     request: JsonObject  # the request body as received
     input_items: list[JsonObject]  # normalised input items, each with an "id"
+
+
+def item_id(item: JsonObject, position: int) -> str:
+    """The ``id`` of a normalised input item (ValueError if it has none)."""
+    value = item.get("id")
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"input item {position} has no string id")
+    return value
 
 
 @dataclass(frozen=True, slots=True)

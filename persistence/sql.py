@@ -63,6 +63,7 @@ from persistence.records import (
     ResponseRow,
     StoredEvent,
     dump_json,
+    item_id,
     pack_token_ids,
     unpack_token_ids,
 )
@@ -210,7 +211,7 @@ class SqlStore:
             dump_json(new.request),
         )
         items = [
-            (new.id, position, str(item["id"]), dump_json(item))
+            (new.id, position, item_id(item, position), dump_json(item))
             for position, item in enumerate(new.input_items)
         ]
         future = asyncio.get_running_loop().create_future()

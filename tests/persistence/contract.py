@@ -64,6 +64,12 @@ class EventStoreContract:
     async def test_get_unknown_is_none(self, store: EventStore) -> None:
         assert await store.get("resp_nope") is None
 
+    async def test_input_items_need_ids(self, store: EventStore) -> None:
+        new = new_response(input_items=[{"type": "message", "role": "user", "content": "hi"}])
+        with pytest.raises(ValueError):
+            await store.create_response(new)
+        assert await store.get(new.id) is None
+
     async def test_create_twice_is_a_conflict(self, store: EventStore) -> None:
         new = new_response()
         await store.create_response(new)
