@@ -185,3 +185,16 @@ async def test_servers_starting_together_migrate_once(empty_url: str) -> None:
     finally:
         for store in stores:
             await store.close()
+
+
+@pytest.mark.postgres
+async def test_alembic_command_line_on_postgres(tmp_path: Path) -> None:
+    reason = await unavailable()
+    if reason is not None:
+        pytest.skip(reason)
+    async with fresh_database("ledger_cli") as url:
+        await asyncio.to_thread(_alembic, "-x", f"url={url}", "upgrade", "head", cwd=tmp_path)
+        output = await asyncio.to_thread(_alembic, "-x", f"url={url}", "check", cwd=tmp_path)
+        assert "No new upgrade operations detected" in output
+        await asyncio.to_thread(_alembic, "-x", f"url={url}", "downgrade", "base", cwd=tmp_path)
+        assert await migrate.current_async(url) is None
