@@ -66,6 +66,12 @@ def _parser() -> argparse.ArgumentParser:
         "ceil(total / (C * tokens)) streams, at least one)",
     )
     run.add_argument(
+        "--max-run-seconds",
+        type=float,
+        default=20.0,
+        help="a run stops starting new streams after this long (0: never); default 20",
+    )
+    run.add_argument(
         "--no-latency",
         action="store_true",
         help="do not ask servers for token times (no latency figures)",
@@ -73,6 +79,13 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--server-cpus", type=_cpus, default="0", help="taskset list, or 'none'")
     run.add_argument("--loadgen-cpus", type=_cpus, default="1", help="taskset list, or 'none'")
     run.add_argument("--loadgen-loop", default="auto", choices=["auto", "asyncio", "uvloop"])
+    run.add_argument(
+        "--nice",
+        type=int,
+        default=None,
+        help="run the server and load generator at this nice value (e.g. -20 as root, on a "
+        "shared machine)",
+    )
     run.add_argument("--no-warmup", action="store_true")
     run.add_argument(
         "--quiet-timeout",
@@ -115,10 +128,12 @@ def main(argv: list[str] | None = None) -> int:
         reps=args.reps,
         tokens=args.tokens,
         total_tokens=args.total_tokens,
+        max_run_seconds=args.max_run_seconds or None,
         latency=not args.no_latency,
         server_cpus=args.server_cpus,
         loadgen_cpus=args.loadgen_cpus,
         loadgen_loop=args.loadgen_loop,
+        nice=args.nice,
         startup_timeout_s=args.startup_timeout,
         quiet_timeout_s=args.quiet_timeout,
         warmup=not args.no_warmup,

@@ -82,10 +82,15 @@ class MatrixConfig:
     tokens: int = 1000
     #: Tokens per measured run; each worker runs ceil(total / (C * tokens)) streams, at least 1.
     total_tokens: int = 400_000
+    #: A run stops starting new streams after this long, so a slow target does not take hours.
+    max_run_seconds: float | None = 20.0
     latency: bool = True
     server_cpus: str | None = "0"
     loadgen_cpus: str | None = "1"
     loadgen_loop: str = "auto"
+    #: ``nice`` value for the server and the load generator (negative needs root): on a shared
+    #: machine, keeps other work from taking their cores during a run.
+    nice: int | None = None
     startup_timeout_s: float = 120.0
     stream_timeout_s: float = 300.0
     quiet_timeout_s: float = 30.0
@@ -303,10 +308,27 @@ def _database_for(target: Target, workdir: Path) -> _NoDatabase:
 # -- processes ---------------------------------------------------------------------------------
 
 
-def _pinned(cpus: str | None, argv: Sequence[str]) -> list[str]:
-    if cpus is None or shutil.which("taskset") is None:
-        return list(argv)
-    return ["taskset", "-c", cpus, *argv]
+def _pinned(cpus: str | None, argv: Sequence[str], nice: int | None = None) -> list[str]:
+    """``argv`` prefixed with ``nice -n`` and ``taskset -c`` as asked (both exec the command)."""
+    out = list(argv)
+    if cpus is not None and shutil.which("taskset") is not None:
+        out = ["taskset", "-c", cpus, *out]
+    if nice is not None:
+        out = ["nice", "-n", str(nice), *out]
+    return out
+
+
+def _raise_priority(pid: int, nice: int | None) -> None:
+    """Give ``pid``'s autogroup the ``nice`` value too.
+
+    With ``sched_autogroup_enabled`` (the default on desktop-style kernels) every session is a
+    scheduling group, and ``nice`` only ranks processes inside their group: the servers and load
+    generators are started in sessions of their own, whose group weight is set here.
+    """
+    if nice is None:
+        return
+    with contextlib.suppress(OSError):
+        Path(f"/proc/{pid}/autogroup").write_text(str(nice))
 
 
 def usable_cpus(config: MatrixConfig) -> MatrixConfig:
@@ -416,9 +438,15 @@ def _run_loadgen(
         argv += ["--expected-events", str(expected)]
     if times_dir is not None:
         argv += ["--token-times-dir", str(times_dir), "--token-offset", str(target.token_offset)]
+    if config.max_run_seconds:
+        argv += ["--max-seconds", str(config.max_run_seconds)]
     proc = subprocess.Popen(
-        _pinned(config.loadgen_cpus, argv), cwd=REPO_ROOT, stderr=subprocess.PIPE
+        _pinned(config.loadgen_cpus, argv, config.nice),
+        cwd=REPO_ROOT,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
     )
+    _raise_priority(proc.pid, config.nice)
     _, stderr = proc.communicate()
     if proc.returncode != 0:
         raise RuntimeError(
@@ -537,9 +565,10 @@ def _run_target(config: MatrixConfig, target: Target, concurrency: int) -> list[
         values = placeholders(HOST, port, workdir, database.url)
         values.update(target.prepare(workdir, config.tokens))
         extra_env = {token_times.ENV_VAR: str(times_dir)} if times_dir is not None else {}
-        argv = _pinned(config.server_cpus, render_argv(target, values))
+        argv = _pinned(config.server_cpus, render_argv(target, values), config.nice)
         config.log(f"[{target.name} C={concurrency}] {shlex.join(argv)}")
         server = _Server(argv, server_env(target, extra_env), workdir / "server.log")
+        _raise_priority(server.pid, config.nice)
         server.wait_ready(port, config.startup_timeout_s)
         if config.warmup:
             _wait_quiet(config)
@@ -724,7 +753,15 @@ def machine_info() -> dict[str, Any]:
                 model = line.split(":", 1)[1].strip()
     except OSError:
         pass
+    rev = subprocess.run(
+        ["git", "describe", "--always", "--dirty"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.strip()
     return {
+        "code": rev or "?",
         "cpu_model": model,
         "cpus": os.cpu_count(),
         "kernel": platform.release(),
@@ -746,21 +783,24 @@ def render_markdown(
 ) -> str:
     now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     packages = ", ".join(f"{k} {v}" for k, v in info["packages"].items() if v)
+    if config.nice is not None:
+        packages += f"; server and load generator at nice {config.nice}"
     pin = (
         f"server `taskset -c {config.server_cpus}`, load generator `taskset -c "
         f"{config.loadgen_cpus}`"
         if config.server_cpus is not None
         else "not pinned"
     )
+    cap = f" (no new streams after {config.max_run_seconds:g} s)" if config.max_run_seconds else ""
     lines = [
         "# Benchmark results",
         "",
         f"- Date: {now}",
         f"- Machine: {info['cpu_model']}, {info['cpus']} CPUs, Linux {info['kernel']}, "
         f"Python {info['python']}; {packages}; SQLite {info['sqlite']}",
-        f"- Command: `{command}`",
+        f"- Command: `{command}` (code: `{info.get('code', '?')}`)",
         f"- Load: {config.tokens} tokens per stream, about {config.total_tokens:,} tokens per "
-        f"run, {config.reps} run(s) per cell (medians), {pin}",
+        f"run{cap}, {config.reps} run(s) per cell (medians), {pin}",
         "- Targets: " + "; ".join(f"**{t.name}**: {t.description}" for t in targets),
         "",
         render_table(summaries),

@@ -365,6 +365,8 @@ class LoadConfig:
     body: bytes
     concurrency: int = 1
     streams_per_worker: int = 1
+    #: Stop starting new streams after this many seconds (streams in flight still finish).
+    max_seconds: float | None = None
     expected_events: int | None = None
     token_times_dir: Path | None = None
     token_offset: int = 0
@@ -470,15 +472,20 @@ async def run_load(config: LoadConfig) -> dict:
     async def worker(slot: int) -> None:
         conn = conns[slot]
         for _ in range(config.streams_per_worker):
+            if deadline is not None and monotonic_ns() >= deadline:
+                return
             if conn.closed:
                 conn = conns[slot] = await _connect(host, port)
             reader = StreamReader(config.expected_events)
             readers.append(reader)
             await conn.exchange(request, reader, config.timeout_s)
 
+    deadline = None
     cpu0 = time.process_time()
     ru0 = resource.getrusage(resource.RUSAGE_SELF)
     t0 = monotonic_ns()
+    if config.max_seconds:
+        deadline = t0 + int(config.max_seconds * 1e9)
     await asyncio.gather(*(worker(i) for i in range(config.concurrency)))
     t1 = monotonic_ns()
     cpu1 = time.process_time()
@@ -549,6 +556,12 @@ def main(argv: list[str] | None = None) -> None:
     body = parser.add_mutually_exclusive_group(required=True)
     body.add_argument("--body", help="the request's JSON body")
     body.add_argument("--body-file", type=Path)
+    parser.add_argument(
+        "--max-seconds",
+        type=float,
+        default=None,
+        help="stop starting new streams after this long (those in flight finish)",
+    )
     parser.add_argument("--expected-events", type=int, default=None)
     parser.add_argument("--token-times-dir", type=Path, default=None)
     parser.add_argument("--token-offset", type=int, default=0)
@@ -569,6 +582,7 @@ def main(argv: list[str] | None = None) -> None:
         body=raw,
         concurrency=args.concurrency,
         streams_per_worker=args.streams_per_worker,
+        max_seconds=args.max_seconds,
         expected_events=args.expected_events,
         token_times_dir=args.token_times_dir,
         token_offset=args.token_offset,
