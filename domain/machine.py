@@ -28,8 +28,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
-from typing import Any, assert_never
+from typing import Any, NamedTuple, assert_never
 
 from domain.errors import InvariantViolation
 from domain.events import (
@@ -67,9 +66,12 @@ _TERMINAL_STATUS = {
 }
 
 
-@dataclass(frozen=True, slots=True)
-class OpenItem:
-    """The item between its ``output_item.added`` and ``output_item.done``."""
+class OpenItem(NamedTuple):
+    """The item between its ``output_item.added`` and ``output_item.done``.
+
+    The state types are immutable NamedTuples rather than frozen dataclasses: a new state is made
+    for every token, and a tuple is several times cheaper to build than a frozen dataclass, whose
+    ``__init__`` goes through ``object.__setattr__`` field by field."""
 
     output_index: int
     item_id: str
@@ -84,8 +86,7 @@ class OpenItem:
     text_done: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class LogState:
+class LogState(NamedTuple):
     next_seq: int = 0
     status: str | None = None
     items_added: int = 0
@@ -123,7 +124,9 @@ def _text_target(
     return item
 
 
-def _call_target(state: LogState, item_type: str, item_id: str, output_index: int, what: str) -> OpenItem:
+def _call_target(
+    state: LogState, item_type: str, item_id: str, output_index: int, what: str
+) -> OpenItem:
     item = _open_item(state, item_id, output_index, what)
     if item.item_type != item_type:
         raise _fail("wrong_event_for_item", f"{what} for a {item.item_type} item")
@@ -144,7 +147,13 @@ def _append(state: LogState, item: OpenItem, delta: str) -> LogState:
     # The per-token path: plain constructors, not dataclasses.replace (3x cheaper).
     parts = (*item.parts[:-1], fingerprint(delta, item.parts[-1]))
     new_item = OpenItem(
-        item.output_index, item.item_id, item.item_type, item.call_id, parts, item.part_open, item.text_done
+        item.output_index,
+        item.item_id,
+        item.item_type,
+        item.call_id,
+        parts,
+        item.part_open,
+        item.text_done,
     )
     return LogState(state.next_seq, state.status, state.items_added, new_item, state.terminal)
 
@@ -169,7 +178,7 @@ def _item_texts(item: dict[str, Any]) -> tuple[str, ...]:
 def _status_event(state: LogState, status: str, allowed_from: tuple[str, ...]) -> LogState:
     if state.status not in allowed_from:
         raise _fail("bad_status_transition", f"{state.status} -> {status}")
-    return replace(state, status=status)
+    return state._replace(status=status)
 
 
 def apply(state: LogState, event: Event) -> LogState:
@@ -187,16 +196,33 @@ def apply(state: LogState, event: Event) -> LogState:
         )
     if state.status is None and not isinstance(event, ResponseCreated):
         raise _fail("created_not_first", f"{event.type} before response.created")
-    state = LogState(state.next_seq + 1, state.status, state.items_added, state.open_item, state.terminal)
+    state = LogState(
+        state.next_seq + 1, state.status, state.items_added, state.open_item, state.terminal
+    )
 
-    match event:
+    match event:  # the per-token deltas first: the cases are tried in order
+        case OutputTextDelta():
+            item = _text_target(
+                state, "message", event.item_id, event.output_index, event.content_index, event.type
+            )
+            return _append(state, item, event.delta)
+        case ReasoningTextDelta():
+            item = _text_target(
+                state,
+                "reasoning",
+                event.item_id,
+                event.output_index,
+                event.content_index,
+                event.type,
+            )
+            return _append(state, item, event.delta)
         case ResponseCreated():
             if state.status is not None:
                 raise _fail("created_twice", "a second response.created")
             status = event.response.get("status")
             if status not in ("queued", "in_progress"):
                 raise _fail("bad_status_transition", f"created with status {status!r}")
-            return replace(state, status=status)
+            return state._replace(status=status)
         case ResponseQueued():
             return _status_event(state, "queued", ("queued",))
         case ResponseInProgress():
@@ -213,7 +239,7 @@ def apply(state: LogState, event: Event) -> LogState:
                     "terminal_status_mismatch",
                     f"{event.type} carries status {event.response.get('status')!r}",
                 )
-            return replace(state, status=expected, terminal=True)
+            return state._replace(status=expected, terminal=True)
         case OutputItemAdded():
             if state.open_item is not None:
                 raise _fail("item_already_open", f"item {state.open_item.item_id!r} is still open")
@@ -229,8 +255,7 @@ def apply(state: LogState, event: Event) -> LogState:
             parts: tuple[tuple[int, int], ...] = (
                 () if item_type in _PART_TYPE else (fingerprint(_item_texts(wire_item)[0]),)
             )
-            return replace(
-                state,
+            return state._replace(
                 items_added=state.items_added + 1,
                 open_item=OpenItem(
                     output_index=event.output_index,
@@ -263,7 +288,7 @@ def apply(state: LogState, event: Event) -> LogState:
                 raise _fail("done_differs_from_deltas", "output_item.done has other content parts")
             for part_print, text in zip(open_.parts, texts, strict=True):
                 _check_done(part_print, text, "output_item.done")
-            return replace(state, open_item=None)
+            return state._replace(open_item=None)
         case ContentPartAdded():
             open_ = _open_item(state, event.item_id, event.output_index, "content_part.added")
             part_type = _PART_TYPE.get(open_.item_type)
@@ -278,40 +303,38 @@ def apply(state: LogState, event: Event) -> LogState:
                 )
             if event.part.get("text", ""):
                 raise _fail("done_differs_from_deltas", "a content part must start empty")
-            return replace(
-                state,
-                open_item=replace(open_, parts=(*open_.parts, EMPTY), part_open=True, text_done=False),
+            return state._replace(
+                open_item=open_._replace(
+                    parts=(*open_.parts, EMPTY), part_open=True, text_done=False
+                ),
             )
         case ContentPartDone():
             open_ = _open_item(state, event.item_id, event.output_index, "content_part.done")
             if not open_.part_open or event.content_index != len(open_.parts) - 1:
                 raise _fail("part_not_open", f"content_part.done for {event.content_index}")
             _check_done(open_.parts[-1], event.part.get("text", ""), "content_part.done")
-            return replace(state, open_item=replace(open_, part_open=False, text_done=False))
-        case OutputTextDelta():
-            item = _text_target(
-                state, "message", event.item_id, event.output_index, event.content_index, event.type
-            )
-            return _append(state, item, event.delta)
-        case ReasoningTextDelta():
-            item = _text_target(
-                state, "reasoning", event.item_id, event.output_index, event.content_index, event.type
-            )
-            return _append(state, item, event.delta)
+            return state._replace(open_item=open_._replace(part_open=False, text_done=False))
         case OutputTextDone():
             item = _text_target(
                 state, "message", event.item_id, event.output_index, event.content_index, event.type
             )
             _check_done(item.parts[-1], event.text, event.type)
-            return replace(state, open_item=replace(item, text_done=True))
+            return state._replace(open_item=item._replace(text_done=True))
         case ReasoningTextDone():
             item = _text_target(
-                state, "reasoning", event.item_id, event.output_index, event.content_index, event.type
+                state,
+                "reasoning",
+                event.item_id,
+                event.output_index,
+                event.content_index,
+                event.type,
             )
             _check_done(item.parts[-1], event.text, event.type)
-            return replace(state, open_item=replace(item, text_done=True))
+            return state._replace(open_item=item._replace(text_done=True))
         case FunctionCallArgumentsDelta():
-            item = _call_target(state, "function_call", event.item_id, event.output_index, event.type)
+            item = _call_target(
+                state, "function_call", event.item_id, event.output_index, event.type
+            )
             return _append(state, item, event.delta)
         case CustomToolCallInputDelta():
             item = _call_target(
@@ -319,15 +342,17 @@ def apply(state: LogState, event: Event) -> LogState:
             )
             return _append(state, item, event.delta)
         case FunctionCallArgumentsDone():
-            item = _call_target(state, "function_call", event.item_id, event.output_index, event.type)
+            item = _call_target(
+                state, "function_call", event.item_id, event.output_index, event.type
+            )
             _check_done(item.parts[-1], event.arguments, event.type)
-            return replace(state, open_item=replace(item, text_done=True))
+            return state._replace(open_item=item._replace(text_done=True))
         case CustomToolCallInputDone():
             item = _call_target(
                 state, "custom_tool_call", event.item_id, event.output_index, event.type
             )
             _check_done(item.parts[-1], event.input, event.type)
-            return replace(state, open_item=replace(item, text_done=True))
+            return state._replace(open_item=item._replace(text_done=True))
         case _:
             assert_never(event)
 
