@@ -3,7 +3,7 @@
 Two ways in:
 
 - the ``alembic`` command line (alembic.ini at the repository root): the URL comes from
-  ``-x url=...``, else ``$RESPONSES_LEDGER_DATABASE_URL``, else ``sqlalchemy.url``;
+  ``-x url=...``, else ``$DATABASE_URL``, else ``sqlalchemy.url``;
 - ``persistence.migrate`` (what the server runs on start): it passes an open connection in
   ``config.attributes["connection"]`` so migrations run inside the caller's event loop.
 
@@ -33,11 +33,7 @@ if config.config_file_name is not None and "connection" not in config.attributes
 
 def _database_url() -> str:
     url = context.get_x_argument(as_dictionary=True).get("url")
-    return (
-        url
-        or os.environ.get("RESPONSES_LEDGER_DATABASE_URL")
-        or str(config.get_main_option("sqlalchemy.url"))
-    )
+    return url or os.environ.get("DATABASE_URL") or str(config.get_main_option("sqlalchemy.url"))
 
 
 def _include_name(name: str | None, type_: str, _parent: object) -> bool:

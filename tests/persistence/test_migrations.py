@@ -153,7 +153,7 @@ def _alembic(*args: str, cwd: Path, env: dict[str, str] | None = None) -> str:
 
 
 def test_alembic_command_line_default_url(tmp_path: Path) -> None:
-    env = {"RESPONSES_LEDGER_DATABASE_URL": ""}
+    env = {"DATABASE_URL": ""}
     _alembic("upgrade", "head", cwd=tmp_path, env=env)
     assert (tmp_path / "data" / "responses.db").exists()  # the default, relative to the cwd
     assert "No new upgrade operations detected" in _alembic("check", cwd=tmp_path, env=env)
@@ -167,7 +167,7 @@ def test_alembic_command_line_url_choices(tmp_path: Path) -> None:
         "upgrade",
         "head",
         cwd=tmp_path,
-        env={"RESPONSES_LEDGER_DATABASE_URL": f"sqlite:///{from_env}"},
+        env={"DATABASE_URL": f"sqlite:///{from_env}"},
     )
     _alembic("-x", f"url=sqlite+aiosqlite:///{from_x}", "upgrade", "head", cwd=tmp_path)
     assert from_env.exists() and from_x.exists()
