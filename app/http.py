@@ -47,9 +47,24 @@ async def _json_body(request: Request) -> dict[str, Any]:
         body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise APIError(400, f"We could not parse the JSON body of your request: {exc}", code="invalid_json") from None
+    if b"\\u0000" in raw and _has_nul(body):  # the cheap test first; it can over-match
+        raise APIError(
+            400, "The request contains a NUL character (\\u0000), which cannot be stored.",
+            code="invalid_value",
+        )
     if not isinstance(body, dict):
         raise APIError(400, "The request body must be a JSON object.", code="invalid_json")
     return body
+
+
+def _has_nul(value: Any) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_nul(v) for v in value)
+    return False
 
 
 def _sse(frames: AsyncIterator[bytes]) -> EventSourceResponse:

@@ -285,6 +285,8 @@ class ResponseBuilder:
         """Append text to the open item: message text, reasoning text, call arguments or input."""
         if not text:
             return
+        if "\x00" in text:  # PostgreSQL's JSONB cannot hold U+0000; the ledger stores U+FFFD
+            text = text.replace("\x00", "\ufffd")
         opened = self._open
         if opened is None:
             raise ValueError("append() with no open item")

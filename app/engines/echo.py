@@ -72,6 +72,7 @@ class EchoEngine:
         self._encoding = encoding
         self.model_names = tuple(model_names)
         self._aborted: dict[str, asyncio.Event] = {}
+        self._encoded: dict[str, list[int]] = {}
         #: Request ids abort() was called for (tests check that dropped streams are aborted).
         self.aborted_requests: list[str] = []
 
@@ -91,6 +92,14 @@ class EchoEngine:
         if event is not None:
             event.set()
 
+    def _tokens(self, text: str) -> list[int]:
+        cached = self._encoded.get(text)
+        if cached is None:
+            cached = self._encoding.encode(text, allowed_special="all")
+            if len(self._encoded) < 64:  # scripted turns repeat; echoes mostly do not
+                self._encoded[text] = cached
+        return cached
+
     def completion_for(self, prompt_token_ids: Sequence[int]) -> tuple[str, float, str | None]:
         return echo_completion(self._encoding, prompt_token_ids), 0.0, None
 
@@ -98,10 +107,12 @@ class EchoEngine:
         self, prompt_token_ids: Sequence[int], sampling: Sampling, request_id: str
     ) -> AsyncIterator[EngineChunk]:
         text, delay_s, error = self.completion_for(prompt_token_ids)
-        tokens = self._encoding.encode(text, allowed_special="all")
+        tokens = self._tokens(text)
         aborted = self._aborted.setdefault(request_id, asyncio.Event())
         try:
-            async for chunk in stream_tokens(tokens, sampling, aborted=aborted, delay_s=delay_s, error=error):
+            async for chunk in stream_tokens(
+                tokens, sampling, aborted=aborted, delay_s=delay_s, error=error
+            ):
                 yield chunk
         finally:
             self._aborted.pop(request_id, None)

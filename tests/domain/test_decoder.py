@@ -244,3 +244,12 @@ def test_an_incomplete_forced_header_is_not_a_call() -> None:
     )
     assert result.calls == 0
     assert [s[0] for s in _summary(response)] == ["message"]
+
+
+def test_a_nul_character_in_model_output_is_stored_as_a_replacement_character() -> None:
+    b = make_builder()
+    b.created()
+    b.open_message()
+    b.append("a\x00b")
+    b.finish("completed", usage=Usage(), completed_at=1)
+    assert fold(b.take())["output"][0]["content"][0]["text"] == "a\ufffdb"

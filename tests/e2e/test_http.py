@@ -198,3 +198,13 @@ def test_malformed_json_oversized_body_and_unknown_paths(ledger: RunningServer) 
     _error(httpx.get(url + "/resp_missing", params={"stream": "true"}), 404)
     _error(httpx.get(url + "/resp_x/input_items", params={"limit": 0}), 400)
     _error(httpx.get(url + "/resp_x/input_items", params={"order": "sideways"}), 400)
+
+
+def test_a_nul_character_in_the_request_is_a_400(ledger: RunningServer) -> None:
+    error = _error(httpx.post(ledger.base_url + "/v1/responses", json={"model": MODEL, "input": "a\x00b"}), 400)
+    assert error["code"] == "invalid_value"
+
+
+def test_a_literal_backslash_u0000_text_is_fine(client: OpenAI) -> None:
+    response = client.responses.create(model=MODEL, input="the escape \\u0000 is text here")
+    assert response.status == "completed"
