@@ -8,8 +8,13 @@ user's words. It honours ``max_tokens`` (``finish_reason="length"``) and ``abort
 from __future__ import annotations
 
 import asyncio
+import os
 import re
-from collections.abc import AsyncIterator, Sequence
+import sys
+import time
+from array import array
+from collections.abc import AsyncIterator, Callable, Sequence
+from pathlib import Path
 
 from openai_harmony import HarmonyEncoding
 
@@ -38,30 +43,56 @@ async def stream_tokens(
     aborted: asyncio.Event,
     delay_s: float = 0.0,
     error: str | None = None,
+    times: array | None = None,
+    before_last: Callable[[], None] | None = None,
 ) -> AsyncIterator[EngineChunk]:
     """Stream ``token_ids`` one at a time as an engine would: stop at a stop token, cut at
-    ``max_tokens``, end early on abort, and end with ``error`` if one is given."""
+    ``max_tokens``, end early on abort, and end with ``error`` if one is given. ``times`` (when
+    given) gets the ``monotonic_ns`` of each token's yield; ``before_last`` runs just before the
+    chunk that carries the finish reason."""
+
+    def last(chunk: EngineChunk) -> EngineChunk:
+        if times is not None and chunk.token_ids:
+            times.append(time.monotonic_ns())
+        if before_last is not None:
+            before_last()
+        return chunk
+
     stops = set(sampling.stop_token_ids)
     limit = sampling.max_tokens
     for sent, token in enumerate(token_ids):
         if aborted.is_set():
-            yield EngineChunk((), "abort")
+            yield last(EngineChunk((), "abort"))
             return
         if limit is not None and sent >= limit:
-            yield EngineChunk((), "length")
+            yield last(EngineChunk((), "length"))
             return
         if delay_s:
             await asyncio.sleep(delay_s)
         else:
             await asyncio.sleep(0)
         if token in stops:
-            yield EngineChunk((token,), "stop")
+            yield last(EngineChunk((token,), "stop"))
             return
+        if times is not None:
+            times.append(time.monotonic_ns())
         yield EngineChunk((token,))
     if error is not None:
-        yield EngineChunk((), "error", error=error)
+        yield last(EngineChunk((), "error", error=error))
     else:
-        yield EngineChunk((), "stop")
+        yield last(EngineChunk((), "stop"))
+
+
+def write_token_times(directory: Path, request_id: str, times: array) -> None:
+    """``<directory>/<request_id>.ns``: little-endian int64 ``monotonic_ns`` per output token,
+    written atomically (the format ``bench.token_times`` reads)."""
+    data = array("q", times)
+    if sys.byteorder != "little":
+        data.byteswap()
+    path = directory / f"{request_id}.ns"
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data.tobytes())
+    os.replace(tmp, path)
 
 
 class EchoEngine:
@@ -73,6 +104,8 @@ class EchoEngine:
         self.model_names = tuple(model_names)
         self._aborted: dict[str, asyncio.Event] = {}
         self._encoded: dict[str, list[int]] = {}
+        #: Where to write each request's token yield times (the benchmark's latency side channel).
+        self.token_times_dir: Path | None = None
         #: Request ids abort() was called for (tests check that dropped streams are aborted).
         self.aborted_requests: list[str] = []
 
@@ -109,9 +142,22 @@ class EchoEngine:
         text, delay_s, error = self.completion_for(prompt_token_ids)
         tokens = self._tokens(text)
         aborted = self._aborted.setdefault(request_id, asyncio.Event())
+        times = array("q") if self.token_times_dir is not None else None
+        directory = self.token_times_dir
+
+        def write_times() -> None:
+            if times is not None and directory is not None:
+                write_token_times(directory, request_id, times)
+
         try:
             async for chunk in stream_tokens(
-                tokens, sampling, aborted=aborted, delay_s=delay_s, error=error
+                tokens,
+                sampling,
+                aborted=aborted,
+                delay_s=delay_s,
+                error=error,
+                times=times,
+                before_last=write_times,
             ):
                 yield chunk
         finally:

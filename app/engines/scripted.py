@@ -24,18 +24,14 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import threading
-import time
-from array import array
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from openai_harmony import HarmonyEncoding
 
 from app.engines.echo import EchoEngine
-from app.engines.protocol import EngineChunk, Sampling
 
 __all__ = ["ScriptedEngine", "load_script"]
 
@@ -59,7 +55,7 @@ class ScriptedEngine(EchoEngine):
         self._next = 0
         self.prompts: list[list[int]] = []
         times_dir = os.environ.get("BENCH_TOKEN_TIMES_DIR")
-        self._times_dir = Path(times_dir) if times_dir else None
+        self.token_times_dir = Path(times_dir) if times_dir else None
 
     def add_turns(self, *turns: dict[str, Any]) -> None:
         with self._lock:
@@ -77,27 +73,3 @@ class ScriptedEngine(EchoEngine):
             return super().completion_for(prompt_token_ids)
         delay_ms = float(turn.get("token_delay_ms", self._delay_ms))
         return str(turn["completion"]), delay_ms / 1000.0, turn.get("error")
-
-    async def generate(
-        self, prompt_token_ids: Sequence[int], sampling: Sampling, request_id: str
-    ) -> AsyncIterator[EngineChunk]:
-        if self._times_dir is None:
-            async for chunk in super().generate(prompt_token_ids, sampling, request_id):
-                yield chunk
-            return
-        times = array("q")
-        async for chunk in super().generate(prompt_token_ids, sampling, request_id):
-            now = time.monotonic_ns()
-            times.extend(now for _ in chunk.token_ids)
-            if chunk.finish_reason is not None:
-                _write_times(self._times_dir, request_id, times)
-            yield chunk
-
-
-def _write_times(directory: Path, request_id: str, times: array) -> None:
-    if sys.byteorder != "little":
-        times.byteswap()
-    path = directory / f"{request_id}.ns"
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(times.tobytes())
-    os.replace(tmp, path)

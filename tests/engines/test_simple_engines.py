@@ -1,0 +1,81 @@
+"""The echo and scripted engines: the engine contract without a model."""
+
+from __future__ import annotations
+
+import asyncio
+from array import array
+from pathlib import Path
+
+import pytest
+
+from app.encoding import load_encoding
+from app.engines.echo import EchoEngine
+from app.engines.protocol import EngineChunk, Sampling
+from app.engines.scripted import ScriptedEngine
+
+ENC = load_encoding()
+STOPS = (200002, 200012)
+COMPLETION = "<|channel|>final<|message|>one two three four<|return|>"
+
+
+async def _collect(engine: EchoEngine, sampling: Sampling, request_id: str = "r1") -> list[EngineChunk]:
+    return [chunk async for chunk in engine.generate([200006], sampling, request_id)]
+
+
+async def test_scripted_streams_its_turn_token_by_token_and_stops_on_the_stop_token() -> None:
+    engine = ScriptedEngine(ENC, ["m"], {"turns": [{"completion": COMPLETION}]})
+    chunks = await _collect(engine, Sampling(stop_token_ids=STOPS))
+    tokens = [t for c in chunks for t in c.token_ids]
+    assert tokens == ENC.encode(COMPLETION, allowed_special="all")
+    assert [c.finish_reason for c in chunks][-1] == "stop" and chunks[-1].token_ids == (200002,)
+
+
+async def test_max_tokens_ends_with_length() -> None:
+    engine = ScriptedEngine(ENC, ["m"], {"turns": [{"completion": COMPLETION}]})
+    chunks = await _collect(engine, Sampling(max_tokens=3, stop_token_ids=STOPS))
+    assert sum(len(c.token_ids) for c in chunks) == 3 and chunks[-1].finish_reason == "length"
+
+
+async def test_an_error_turn_ends_with_error() -> None:
+    engine = ScriptedEngine(ENC, ["m"], {"turns": [{"completion": "<|channel|>final<|message|>x", "error": "boom"}]})
+    chunks = await _collect(engine, Sampling(stop_token_ids=STOPS))
+    assert (chunks[-1].finish_reason, chunks[-1].error) == ("error", "boom")
+
+
+async def test_abort_ends_the_stream() -> None:
+    engine = ScriptedEngine(ENC, ["m"], {"turns": [{"completion": COMPLETION, "token_delay_ms": 20}]})
+    seen: list[EngineChunk] = []
+
+    async def consume() -> None:
+        async for chunk in engine.generate([200006], Sampling(stop_token_ids=STOPS), "r9"):
+            seen.append(chunk)
+
+    task = asyncio.create_task(consume())
+    await asyncio.sleep(0.05)
+    await engine.abort("r9")
+    await asyncio.wait_for(task, 5)
+    assert seen[-1].finish_reason == "abort" and "r9" in engine.aborted_requests
+
+
+async def test_turns_run_out_into_echo_and_cycle_repeats() -> None:
+    engine = ScriptedEngine(ENC, ["m"], {"turns": [{"completion": COMPLETION}]})
+    prompt = ENC.encode("<|start|>user<|message|>hello<|end|><|start|>assistant", allowed_special="all")
+    await _collect(engine, Sampling(stop_token_ids=STOPS))
+    chunks = [c async for c in engine.generate(prompt, Sampling(stop_token_ids=STOPS), "r2")]
+    assert "hello<|return|>" in ENC.decode_utf8([t for c in chunks for t in c.token_ids])
+    cycling = ScriptedEngine(ENC, ["m"], {"turns": [{"completion": COMPLETION}], "cycle": True})
+    for _ in range(3):
+        chunks = await _collect(cycling, Sampling(stop_token_ids=STOPS))
+        assert ENC.decode_utf8([t for c in chunks for t in c.token_ids]) == COMPLETION
+
+
+async def test_token_times_are_written_for_the_benchmark(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("BENCH_TOKEN_TIMES_DIR", str(tmp_path))
+    engine = ScriptedEngine(ENC, ["m"], {"turns": [{"completion": COMPLETION}]})
+    chunks = await _collect(engine, Sampling(stop_token_ids=STOPS), "resp_x")
+    times = array("q")
+    times.frombytes((tmp_path / "resp_x.ns").read_bytes())
+    assert len(times) == sum(len(c.token_ids) for c in chunks)
+    assert list(times) == sorted(times)
