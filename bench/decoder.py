@@ -30,8 +30,15 @@ def _completion(n_words: int) -> str:
 
 def _builder() -> ResponseBuilder:
     counter = itertools.count()
-    skeleton = {"id": "resp_bench", "object": "response", "created_at": 0, "model": "m",
-                "tools": [], "tool_choice": "auto", "parallel_tool_calls": True}
+    skeleton = {
+        "id": "resp_bench",
+        "object": "response",
+        "created_at": 0,
+        "model": "m",
+        "tools": [],
+        "tool_choice": "auto",
+        "parallel_tool_calls": True,
+    }
     b = ResponseBuilder(skeleton, new_id=lambda p: f"{p}_{next(counter)}")
     b.created()
     b.in_progress()
