@@ -233,6 +233,12 @@ class ResponseService:
         self, request: CreateResponse, history: list[dict[str, Any]], input_items: list[dict[str, Any]]
     ) -> RenderedPrompt:
         effort = (request.reasoning.effort if request.reasoning else None) or self.settings.default_reasoning_effort
+        # item_reference: an item of the previous_response_id chain or of this request's input
+        known = {
+            item["id"]: item
+            for item in [*history, *input_items]
+            if isinstance(item.get("id"), str) and item.get("type") != "item_reference"
+        }
         prompt = PromptRequest(
             instructions=request.instructions,
             items=[*history, *input_items],
@@ -242,6 +248,7 @@ class ResponseService:
             current_date=datetime.now(UTC).strftime("%Y-%m-%d"),
             history_length=len(history),
             decrypt=self.cipher.decrypt,
+            resolve_reference=known.get,
         )
         return render_prompt(self.encoding, prompt)
 
@@ -316,17 +323,26 @@ class ResponseService:
         engine_error: str | None = None
         cached = 0
         output_ids: list[int] = []
+        prompt_audit: asyncio.Future[None] | None = None
         try:
             builder.created(queued=run.background)
             writer.push(builder.take())
-            await writer.drain()
+            if run.background:  # the POST answers with this snapshot, so it must be durable first
+                await writer.drain()
             run.created_response = builder.snapshot("queued" if run.background else "in_progress")
             run.created.set()
             builder.in_progress()
             decoder = new_decoder()
             writer.push(builder.take())
-            if run.store:
-                await self.store.append_audit(run.id, [AuditRecord("prompt_token_ids", tuple(prompt_ids))])
+            prompt_audit = (
+                asyncio.ensure_future(
+                    self.store.append_audit(run.id, [AuditRecord("prompt_token_ids", tuple(prompt_ids))])
+                )
+                if run.store
+                else None
+            )  # written while the engine runs, not before it starts
+            if prompt_audit is not None:  # a failure is logged by the store; do not warn twice
+                prompt_audit.add_done_callback(lambda f: f.cancelled() or f.exception())
             try:
                 async for chunk in self.engine.generate(prompt_ids, sampling, run.engine_request_id):
                     if chunk.token_ids:
@@ -369,6 +385,8 @@ class ResponseService:
             writer.push(builder.take())
             await writer.drain()
             run.final_response = final
+            if prompt_audit is not None:
+                await prompt_audit
             if run.store:
                 await self.store.append_audit(
                     run.id,

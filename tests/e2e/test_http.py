@@ -208,3 +208,26 @@ def test_a_nul_character_in_the_request_is_a_400(ledger: RunningServer) -> None:
 def test_a_literal_backslash_u0000_text_is_fine(client: OpenAI) -> None:
     response = client.responses.create(model=MODEL, input="the escape \\u0000 is text here")
     assert response.status == "completed"
+
+
+def test_item_reference_resolves_items_of_the_chain_and_of_the_input(
+    client: OpenAI, engine: ScriptedEngine, ledger: RunningServer
+) -> None:
+    from app.encoding import load_encoding
+
+    first = client.responses.create(
+        model=MODEL, input=[{"type": "message", "role": "user", "content": "Remember Oslo.", "id": "msg_keep"}]
+    )
+    client.responses.create(
+        model=MODEL,
+        previous_response_id=first.id,
+        input=[{"type": "item_reference", "id": "msg_keep"}, {"role": "user", "content": "And now?"}],  # type: ignore[list-item]
+    )
+    prompt = load_encoding().decode_utf8(engine.prompts[-1])
+    assert prompt.count("<|start|>user<|message|>Remember Oslo.<|end|>") == 2
+    error = _error(
+        httpx.post(ledger.base_url + "/v1/responses",
+                   json={"model": MODEL, "input": [{"type": "item_reference", "id": "msg_nowhere"}]}),
+        400,
+    )
+    assert "msg_nowhere" in error["message"]
