@@ -68,6 +68,8 @@ _ECHOED = (
 )
 
 
+#: Events read from the store per query when replaying a log.
+_PAGE = 256
 _TERMINAL_STATUSES = frozenset({"completed", "incomplete", "failed", "cancelled"})
 
 
@@ -462,13 +464,17 @@ class ResponseService:
         try:
             sent = after
             if read_store:
-                events = await self.store.load(response_id, after_seq=after)
-                if events:
-                    yield b"".join(sse_frame(e.type, e.seq, e.payload_text()) for e in events)
-                    sent = events[-1].seq
-                    if events[-1].type in TERMINAL_TYPES:
-                        return
-                elif run is None:
+                # page through the stored log, so the first bytes go out without reading it all
+                while True:
+                    events = await self.store.load(response_id, after_seq=sent, limit=_PAGE)
+                    if events:
+                        yield b"".join(sse_frame(e.type, e.seq, e.payload_text()) for e in events)
+                        sent = events[-1].seq
+                        if events[-1].type in TERMINAL_TYPES:
+                            return
+                    if len(events) < _PAGE:
+                        break
+                if sent == after and run is None:
                     row = await self.store.get(response_id)
                     if row is None or row.status in _TERMINAL_STATUSES:
                         return  # nothing after ``after``, and nothing more will come

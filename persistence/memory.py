@@ -161,11 +161,14 @@ class MemoryStore:
             raise NotFound(f"no response {response_id!r}")
         self._audit[response_id].extend(encoded)
 
-    async def load(self, response_id: str, after_seq: int | None = None) -> list[StoredEvent]:
+    async def load(
+        self, response_id: str, after_seq: int | None = None, limit: int | None = None
+    ) -> list[StoredEvent]:
         self._check_open()
         log = self._events.get(response_id, [])
         start = 0 if after_seq is None else max(after_seq + 1, 0)
-        return [event.stored() for event in log[start:]]
+        end = None if limit is None else start + limit
+        return [event.stored() for event in log[start:end]]
 
     async def get(self, response_id: str) -> ResponseRow | None:
         self._check_open()

@@ -421,13 +421,18 @@ class SqlStore:
 
     # -- reads --------------------------------------------------------------------------
 
-    async def load(self, response_id: str, after_seq: int | None = None) -> list[StoredEvent]:
+    async def load(
+        self, response_id: str, after_seq: int | None = None, limit: int | None = None
+    ) -> list[StoredEvent]:
         self._check_open()
         query = _EVENTS.where(response_events.c.response_id == response_id)
         if after_seq is not None:
             query = query.where(response_events.c.seq > after_seq)
+        query = query.order_by(response_events.c.seq)
+        if limit is not None:
+            query = query.limit(limit)
         async with self._read() as conn:
-            rows = await conn.execute(query.order_by(response_events.c.seq))
+            rows = await conn.execute(query)
             return [StoredEvent(seq, type_, json.loads(text), text) for seq, type_, text in rows]
 
     async def get(self, response_id: str) -> ResponseRow | None:

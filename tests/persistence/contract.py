@@ -101,6 +101,13 @@ class EventStoreContract:
         assert await store.load(rid, after_seq=5) == []
         assert await store.load(rid, after_seq=99) == []
 
+    async def test_load_pages_with_a_limit(self, store: EventStore) -> None:
+        rid = await _started(store)
+        await store.append(rid, [delta(i) for i in range(1, 6)], 1)
+        assert [e.seq for e in await store.load(rid, after_seq=1, limit=2)] == [2, 3]
+        assert [e.seq for e in await store.load(rid, limit=3)] == [0, 1, 2]
+        assert [e.seq for e in await store.load(rid, after_seq=4, limit=10)] == [5]
+
     async def test_load_unknown_is_empty(self, store: EventStore) -> None:
         assert await store.load("resp_nope") == []
 
