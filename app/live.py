@@ -89,7 +89,19 @@ class LogWriter:
         self._inflight = False
         self._idle = asyncio.Event()
         self._idle.set()
+        self._progress = asyncio.Event()
         self.error: BaseException | None = None
+
+    @property
+    def backlog(self) -> int:
+        """Events pushed but not yet handed to the store (they wait for the commit in flight)."""
+        return len(self._events)
+
+    async def wait_for_commit(self) -> None:
+        """Wait until the commit in flight is durable (backpressure for a fast engine)."""
+        if self._inflight:
+            self._progress.clear()
+            await self._progress.wait()
 
     def push(self, events: Sequence[Event]) -> None:
         """Queue events for the log; they are committed with the next group commit."""
@@ -125,6 +137,7 @@ class LogWriter:
         future.add_done_callback(lambda f: self._durable(f, batch))
 
     def _durable(self, future: asyncio.Future[None], batch: Batch) -> None:
+        self._progress.set()
         if future.cancelled():
             self.error = asyncio.CancelledError()
         elif future.exception() is not None:

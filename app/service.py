@@ -68,6 +68,8 @@ _ECHOED = (
 )
 
 
+#: Events a response may have waiting for the commit in flight before generation pauses.
+_MAX_BACKLOG = 256
 #: Events read from the store per query when replaying a log.
 _PAGE = 256
 _TERMINAL_STATUSES = frozenset({"completed", "incomplete", "failed", "cancelled"})
@@ -351,6 +353,10 @@ class ResponseService:
                         output_ids.extend(chunk.token_ids)
                         decoder.feed(chunk.token_ids)
                         writer.push(builder.take())
+                        if writer.backlog >= _MAX_BACKLOG:
+                            # an engine faster than the log: let the commit catch up, so memory
+                            # and the engine-to-client latency stay bounded
+                            await writer.wait_for_commit()
                     if chunk.num_cached_tokens is not None:
                         cached = chunk.num_cached_tokens
                     if chunk.finish_reason is not None:
