@@ -73,6 +73,18 @@ class Run:
             queue.put_nowait(batch)
 
 
+class Backlog:
+    """How many events all live responses have pushed and not yet handed to the store.
+
+    Shared by every :class:`LogWriter` of a service, so generation can be paused when the
+    server as a whole falls behind its commits, without throttling a lone fast stream."""
+
+    __slots__ = ("total",)
+
+    def __init__(self) -> None:
+        self.total = 0
+
+
 class LogWriter:
     """Persist-then-publish pipeline for one response (one writer per response)."""
 
@@ -80,9 +92,11 @@ class LogWriter:
         self,
         run: Run,
         submit: Callable[[str, Sequence[StoredEvent], int], asyncio.Future[None]] | None,
+        backlog: Backlog | None = None,
     ) -> None:
         self._run = run
         self._submit_fn = submit
+        self._shared = backlog if backlog is not None else Backlog()
         self._events: list[StoredEvent] = []
         self._frames: list[bytes] = []
         self._next_seq = 0
@@ -114,6 +128,7 @@ class LogWriter:
             text = payload_json(event)
             stored.append(StoredEvent(event.sequence_number, event.type, payload(event), text))
             frames.append(sse_frame(event.type, event.sequence_number, text))
+        self._shared.total += len(events)
         if not self._inflight:
             self._flush()
 
@@ -124,6 +139,7 @@ class LogWriter:
             self._idle.set()
             return
         self._events, self._frames = [], []
+        self._shared.total -= len(events)
         batch = Batch(events[0].seq, frames, events[-1].type in TERMINAL_TYPES)
         if self._submit_fn is None:
             self._next_seq += len(events)
@@ -145,6 +161,8 @@ class LogWriter:
         if self.error is not None:
             log.error("response %s: log write failed: %r", self._run.id, self.error)
             self._run.error = self.error
+            self._shared.total -= len(self._events)  # never to be written
+            self._events, self._frames = [], []
             self._inflight = False
             self._idle.set()
             return

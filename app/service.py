@@ -28,7 +28,7 @@ from openai_harmony import HarmonyEncoding
 
 from app.engines.protocol import Engine, EngineError, PromptTooLong, Sampling
 from app.errors import APIError, not_found
-from app.live import Batch, LogWriter, Run
+from app.live import Backlog, Batch, LogWriter, Run
 from app.reasoning_crypto import ReasoningCipher
 from app.settings import Settings
 from app.wire import CreateResponse
@@ -68,8 +68,11 @@ _ECHOED = (
 )
 
 
-#: Events a response may have waiting for the commit in flight before generation pauses.
-_MAX_BACKLOG = 256
+#: Generation pauses when all live responses together have this many events waiting for their
+#: commits, for each response that itself has at least ``_MIN_BACKLOG`` waiting: a lone fast
+#: stream is never throttled, many streams share a bounded buffer.
+_BACKLOG_BUDGET = 16384
+_MIN_BACKLOG = 32
 #: Events read from the store per query when replaying a log.
 _PAGE = 256
 _TERMINAL_STATUSES = frozenset({"completed", "incomplete", "failed", "cancelled"})
@@ -125,6 +128,7 @@ class ResponseService:
         self.cipher = cipher
         self._live: dict[str, Run] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._backlog = Backlog()
 
     # -- models ----------------------------------------------------------------------------------
 
@@ -322,7 +326,7 @@ class ResponseService:
     ) -> None:
         """``forced_call``: ``tool_choice`` was ``required`` or named, so a turn that ends without
         calling a tool is not accepted as an answer: it ends ``failed`` (its text is kept)."""
-        writer = LogWriter(run, self.store.submit if run.store else None)
+        writer = LogWriter(run, self.store.submit if run.store else None, self._backlog)
         finish_reason: str | None = None
         engine_error: str | None = None
         cached = 0
@@ -353,8 +357,8 @@ class ResponseService:
                         output_ids.extend(chunk.token_ids)
                         decoder.feed(chunk.token_ids)
                         writer.push(builder.take())
-                        if writer.backlog >= _MAX_BACKLOG:
-                            # an engine faster than the log: let the commit catch up, so memory
+                        if writer.backlog >= _MIN_BACKLOG and self._backlog.total >= _BACKLOG_BUDGET:
+                            # engines faster than the log: let the commits catch up, so memory
                             # and the engine-to-client latency stay bounded
                             await writer.wait_for_commit()
                     if chunk.num_cached_tokens is not None:
