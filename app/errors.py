@@ -14,8 +14,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from app.engines.protocol import EngineError, PromptTooLong
-from domain.errors import DomainError, InvalidInput, InvariantViolation
-from persistence.errors import ConcurrencyError, NotFound, StoreError
+from domain.errors import InvalidInput
+from persistence.errors import ConcurrencyError, NotFound
 
 __all__ = ["APIError", "error_body", "handle_exception", "not_found", "validation_error"]
 
@@ -92,10 +92,7 @@ def to_api_error(exc: Exception) -> APIError:
             return APIError(404, str(exc) or "Not found.")
         case ConcurrencyError():
             return APIError(409, f"Conflicting write: {exc}", code="conflict")
-        case InvariantViolation() | DomainError() | StoreError():
-            log.exception("internal error")
-            return APIError(500, "The server had an error while processing your request.", type="server_error")
-        case _:
+        case _:  # our own failure (a broken invariant, the store, a bug): logged, never leaked
             log.exception("unhandled error")
             return APIError(500, "The server had an error while processing your request.", type="server_error")
 

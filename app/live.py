@@ -21,7 +21,7 @@ from domain.events import TERMINAL_TYPES, Event
 from domain.projections import payload, payload_json, sse_frame
 from persistence.records import StoredEvent
 
-__all__ = ["Batch", "LogWriter", "Run"]
+__all__ = ["Backlog", "Batch", "LogWriter", "Run", "stored_event"]
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +71,11 @@ class Run:
     def publish(self, batch: Batch) -> None:
         for queue in self.subscribers:
             queue.put_nowait(batch)
+
+
+def stored_event(event: Event) -> StoredEvent:
+    """The store's record of an event, with its JSON text made once (the SSE frame reuses it)."""
+    return StoredEvent(event.sequence_number, event.type, payload(event), payload_json(event))
 
 
 class Backlog:
@@ -125,9 +130,9 @@ class LogWriter:
             raise self.error
         stored, frames = self._events, self._frames
         for event in events:
-            text = payload_json(event)
-            stored.append(StoredEvent(event.sequence_number, event.type, payload(event), text))
-            frames.append(sse_frame(event.type, event.sequence_number, text))
+            record = stored_event(event)
+            stored.append(record)
+            frames.append(sse_frame(event.type, event.sequence_number, record.payload_json))
         self._shared.total += len(events)
         if not self._inflight:
             self._flush()
@@ -143,7 +148,7 @@ class LogWriter:
         batch = Batch(events[0].seq, frames, events[-1].type in TERMINAL_TYPES)
         if self._submit_fn is None:
             self._next_seq += len(events)
-            self._publish(batch)
+            self._run.publish(batch)
             self._flush()
             return
         self._inflight = True
@@ -166,11 +171,8 @@ class LogWriter:
             self._inflight = False
             self._idle.set()
             return
-        self._publish(batch)
-        self._flush()
-
-    def _publish(self, batch: Batch) -> None:
         self._run.publish(batch)
+        self._flush()
 
     async def drain(self) -> None:
         """Wait until everything pushed so far is durable and published."""

@@ -28,21 +28,20 @@ from openai_harmony import HarmonyEncoding
 
 from app.engines.protocol import Engine, EngineError, PromptTooLong, Sampling
 from app.errors import APIError, not_found
-from app.live import Backlog, Batch, LogWriter, Run
+from app.live import Backlog, Batch, LogWriter, Run, stored_event
 from app.reasoning_crypto import ReasoningCipher
 from app.settings import Settings
 from app.wire import CreateResponse
 from domain.builder import ResponseBuilder, TerminalStatus, Usage
 from domain.decoder import DecodeResult, HarmonyDecoder
 from domain.events import TERMINAL_TYPES
-from domain.machine import check_log
-from domain.projections import fold, from_wire, output_as_input, payload, payload_json, sse_frame
+from domain.projections import fold, from_wire, output_as_input, sse_frame
 from domain.prompt import PromptRequest, RenderedPrompt, render_prompt
 from persistence.errors import NotFound
 from persistence.records import AuditRecord, NewResponse, StoredEvent
 from persistence.store import EventStore
 
-__all__ = ["ResponseService", "check_stored", "new_id", "normalize_input"]
+__all__ = ["ResponseService", "new_id", "normalize_input"]
 
 log = logging.getLogger(__name__)
 
@@ -478,7 +477,7 @@ class ResponseService:
                 while True:
                     events = await self.store.load(response_id, after_seq=sent, limit=_PAGE)
                     if events:
-                        yield b"".join(sse_frame(e.type, e.seq, e.payload_text()) for e in events)
+                        yield _frames(events)
                         sent = events[-1].seq
                         if events[-1].type in TERMINAL_TYPES:
                             return
@@ -503,7 +502,7 @@ class ResponseService:
                 await asyncio.sleep(0.1)
                 events = await self.store.load(response_id, after_seq=sent)
                 if events:
-                    yield b"".join(sse_frame(e.type, e.seq, e.payload_text()) for e in events)
+                    yield _frames(events)
                     sent = events[-1].seq
                     if events[-1].type in TERMINAL_TYPES:
                         return
@@ -603,7 +602,7 @@ class ResponseService:
                 usage=None,
                 error={"code": "server_error", "message": "the server restarted"},
             )
-            await self.store.append(response_id, _stored(builder.take()), len(events))
+            await self.store.append(response_id, [stored_event(e) for e in builder.take()], len(events))
             closed.append(response_id)
             log.warning("response %s: closed at start-up (the server restarted)", response_id)
         return closed
@@ -616,11 +615,6 @@ class ResponseService:
             await asyncio.wait(tasks, timeout=10)
 
 
-def _stored(events: Sequence[Any]) -> list[StoredEvent]:
-    return [StoredEvent(e.sequence_number, e.type, payload(e), payload_json(e)) for e in events]
-
-
-def check_stored(events: Sequence[StoredEvent]) -> None:
-    """Run a stored log through the state machine (used by the CLI's ``events --check``)."""
-    check_log(from_wire(e.type, e.seq, e.payload) for e in events)
-
+def _frames(events: Sequence[StoredEvent]) -> bytes:
+    """The SSE bytes of stored events: what was streamed live, re-made from the log."""
+    return b"".join(sse_frame(e.type, e.seq, e.payload_text()) for e in events)

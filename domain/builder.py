@@ -170,17 +170,8 @@ class ResponseBuilder:
         return self._state
 
     @property
-    def response_id(self) -> str:
-        return str(self._response["id"])
-
-    @property
     def open_item_type(self) -> str | None:
         return self._open.kind if self._open else None
-
-    @property
-    def output(self) -> list[Json]:
-        """The finished output items so far."""
-        return list(self._done_items)
 
     def take(self) -> list[Event]:
         """The events made since the last call, in order."""
@@ -304,10 +295,6 @@ class ResponseBuilder:
             event = CustomToolCallInputDelta(seq, opened.item_id, opened.index, text)
         self._state = apply(self._state, event)
         self._pending.append(event)
-
-    def open_text(self) -> str:
-        """The text of the open item's open part (or call input) so far."""
-        return "".join(self._open.text) if self._open else ""
 
     def close_item(self, status: ItemStatus = "completed") -> Json | None:
         """Close the open item (no-op when none is open); returns the finished item."""

@@ -98,10 +98,6 @@ class DecodeResult:
     notes: list[str] = field(default_factory=list)
     output_tokens: int = 0
     reasoning_tokens: int = 0
-    #: Whether the last message ended with ``<|call|>`` (the model wants a tool result).
-    ended_with_call: bool = False
-    #: Whether a final-channel message was produced.
-    has_final: bool = False
     #: How many function / custom tool calls were opened.
     calls: int = 0
 
@@ -158,7 +154,7 @@ class HarmonyDecoder:
             return
         if self._in_content:
             if token in _MESSAGE_ENDS:
-                self._end_message(token)
+                self._close("completed")
             elif token < FIRST_SPECIAL:  # special tokens inside content are markup, not text
                 delta = self._inner.last_content_delta
                 if delta:
@@ -231,7 +227,6 @@ class HarmonyDecoder:
         else:
             builder.open_message("final_answer")
             self._content_kind = "message"
-            self.result.has_final = True
 
     def _append(self, delta: str) -> None:
         if self._custom is not None:
@@ -246,10 +241,6 @@ class HarmonyDecoder:
         self._in_content = False
         self._content_kind = None
 
-    def _end_message(self, token: int) -> None:
-        self._close("completed")
-        self.result.ended_with_call = token == CALL
-
     def _recover(self, tokens: Sequence[int], why: str, status: ItemStatus = "completed") -> None:
         if not tokens:
             return
@@ -262,7 +253,6 @@ class HarmonyDecoder:
         self._builder.open_message("final_answer")
         self._builder.append(text)
         self._builder.close_item(status)
-        self.result.has_final = True
 
     # -- the end ---------------------------------------------------------------------------------
 
@@ -282,6 +272,4 @@ class HarmonyDecoder:
             self._recover(self._header, "generation ended inside a header", status)
         self._header = []
         self._reset_parser(expect_start=False)
-        if truncated and self._builder.open_item_type is not None:
-            self._builder.close_item("incomplete")
         return self.result

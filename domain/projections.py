@@ -15,7 +15,6 @@ from dataclasses import fields
 from typing import Any
 
 from domain.events import (
-    TERMINAL_TYPES,
     ContentPartAdded,
     ContentPartDone,
     CustomToolCallInputDelta,
@@ -186,6 +185,3 @@ def output_as_input(item: Json) -> Json:
         return copy.deepcopy(item)
     return {k: copy.deepcopy(item[k]) for k in keys if k in item and item[k] is not None}
 
-
-def is_terminal_type(type_: str) -> bool:
-    return type_ in TERMINAL_TYPES
