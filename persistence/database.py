@@ -96,6 +96,9 @@ def _postgres_engine(url: URL, *, role: Role, pool_size: int) -> AsyncEngine:
     return create_async_engine(url, pool_size=pool_size, max_overflow=pool_size)
 
 
+_WAL = "PRAGMA journal_mode = WAL"
+
+
 def _sqlite_engine(
     url: URL, *, role: Role, synchronous: Synchronous, busy_timeout_ms: int, pool_size: int
 ) -> AsyncEngine:
@@ -104,7 +107,7 @@ def _sqlite_engine(
         # dropping a parent table would cascade-delete every event. A migration runs in one
         # BEGIN IMMEDIATE transaction, so two processes starting at once take turns.
         engine = create_async_engine(url, poolclass=pool.NullPool)
-        pragmas = [f"PRAGMA busy_timeout = {busy_timeout_ms}"]
+        pragmas = [f"PRAGMA busy_timeout = {busy_timeout_ms}", _WAL]
     else:
         if role == "writer":
             engine = create_async_engine(url, pool_size=1, max_overflow=0)
@@ -112,7 +115,7 @@ def _sqlite_engine(
             engine = create_async_engine(url, pool_size=pool_size, max_overflow=pool_size)
         pragmas = [
             f"PRAGMA busy_timeout = {busy_timeout_ms}",
-            "PRAGMA journal_mode = WAL",
+            _WAL,
             f"PRAGMA synchronous = {synchronous}",
             "PRAGMA foreign_keys = ON",
         ]
@@ -122,6 +125,15 @@ def _sqlite_engine(
         dbapi_connection.isolation_level = None  # we emit BEGIN ourselves (see on_begin)
         cursor = dbapi_connection.cursor()
         for pragma in pragmas:
+            if pragma is _WAL:
+                # Switching the journal mode takes an exclusive lock, which a server migrating
+                # the same file holds off for as long as its migration runs ("database is
+                # locked" even with busy_timeout). WAL is a property of the file: switch only a
+                # file that is not in WAL yet. Migrations switch first, so a new file is in WAL
+                # before any long transaction starts.
+                cursor.execute("PRAGMA journal_mode")
+                if str(cursor.fetchone()[0]).lower() == "wal":
+                    continue
             cursor.execute(pragma)
         cursor.close()
 
