@@ -15,11 +15,13 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import sys
+from dataclasses import replace
 from typing import Any
 
 from app.engines.vllm import ENGINE_OPTION_NAMES, add_engine_arguments
-from app.settings import Settings
+from app.settings import SERVE_GC_THRESHOLD, Settings
 
 __all__ = ["main"]
 
@@ -77,6 +79,8 @@ def _serve(args: argparse.Namespace) -> None:
         log_level=args.log_level,
         engine_options=engine_options or None,
     )
+    if "RESPONSES_LEDGER_GC_THRESHOLD" not in os.environ:
+        settings = replace(settings, gc_threshold=SERVE_GC_THRESHOLD)
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = create_app(settings)
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 
 import httpx
@@ -44,3 +45,26 @@ def test_health_is_503_while_the_engine_is_dead(tmp_path: Path) -> None:
     with serve(settings, engine=_DeadEngine(load_encoding(), ["gpt-oss-echo"])) as server:
         r = httpx.get(server.base_url + "/health")
     assert r.status_code == 503 and r.json() == {"status": "unavailable"}
+
+
+def test_gc_threshold_from_the_environment() -> None:
+    assert Settings.from_env({"RESPONSES_LEDGER_GC_THRESHOLD": "50000,50,1000"}).gc_threshold == (50000, 50, 1000)
+    assert Settings.from_env({"RESPONSES_LEDGER_GC_THRESHOLD": "python"}).gc_threshold is None
+    assert Settings.from_env({}).gc_threshold is None  # an in-process app leaves the GC alone
+    with pytest.raises(ValueError, match="gen0,gen1,gen2"):
+        Settings.from_env({"RESPONSES_LEDGER_GC_THRESHOLD": "700,10"})
+
+
+def test_serve_tunes_the_gc_once_started(tmp_path: Path) -> None:
+    before = gc.get_threshold()
+    settings = Settings(
+        engine="echo", database_url=f"sqlite+aiosqlite:///{tmp_path / 'g.db'}", gc_threshold=(12345, 11, 13)
+    )
+    try:
+        with serve(settings) as server:
+            assert httpx.get(server.base_url + "/health").status_code == 200
+            assert gc.get_threshold() == (12345, 11, 13)
+            assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)
