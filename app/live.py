@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from domain.events import TERMINAL_TYPES, Event
-from domain.projections import payload, payload_json, sse_frame
+from domain.projections import payload_json, sse_frame
 from persistence.records import StoredEvent
 
 __all__ = ["Backlog", "Batch", "LogWriter", "Run", "stored_event"]
@@ -74,8 +74,9 @@ class Run:
 
 
 def stored_event(event: Event) -> StoredEvent:
-    """The store's record of an event, with its JSON text made once (the SSE frame reuses it)."""
-    return StoredEvent(event.sequence_number, event.type, payload(event), payload_json(event))
+    """The store's record of an event: its JSON text, made once (the SSE frame reuses it); the
+    payload dict is parsed from it only if someone asks."""
+    return StoredEvent(event.sequence_number, event.type, None, payload_json(event))
 
 
 class Backlog:
@@ -130,9 +131,9 @@ class LogWriter:
             raise self.error
         stored, frames = self._events, self._frames
         for event in events:
-            record = stored_event(event)
-            stored.append(record)
-            frames.append(sse_frame(event.type, event.sequence_number, record.payload_json))
+            seq, type_, text = event.sequence_number, event.type, payload_json(event)
+            stored.append(StoredEvent(seq, type_, None, text))
+            frames.append(sse_frame(type_, seq, text))
         self._shared.total += len(events)
         if not self._inflight:
             self._flush()

@@ -143,19 +143,20 @@ def fingerprint(text: str, start: tuple[int, int] = EMPTY) -> tuple[int, int]:
     return (start[0] + len(text), zlib.crc32(text.encode("utf-8", "surrogatepass"), start[1]))
 
 
-def _append(state: LogState, item: OpenItem, delta: str) -> LogState:
-    # The per-token path: plain constructors, not dataclasses.replace (3x cheaper).
-    parts = (*item.parts[:-1], fingerprint(delta, item.parts[-1]))
-    new_item = OpenItem(
-        item.output_index,
-        item.item_id,
-        item.item_type,
-        item.call_id,
-        parts,
-        item.part_open,
-        item.text_done,
-    )
-    return LogState(state.next_seq, state.status, state.items_added, new_item, state.terminal)
+_new = tuple.__new__
+
+
+def _append(state: LogState, item: OpenItem, delta: str, next_seq: int) -> LogState:
+    """The state after a delta of ``delta`` to the open ``item``, with ``next_seq`` next.
+
+    The per-token path: the new tuples are made with ``tuple.__new__`` (a NamedTuple's own
+    constructor adds a Python call per tuple), and only the last part's fingerprint changes."""
+    parts = item.parts
+    length, crc = parts[-1]
+    mark = (length + len(delta), zlib.crc32(delta.encode("utf-8", "surrogatepass"), crc))
+    parts = (mark,) if len(parts) == 1 else (*parts[:-1], mark)
+    new_item = _new(OpenItem, (item[0], item[1], item[2], item[3], parts, item[5], item[6]))
+    return _new(LogState, (next_seq, state[1], state[2], new_item, state[4]))  # type: ignore[no-any-return]
 
 
 def _check_done(expected: tuple[int, int], got: str, what: str) -> None:
@@ -181,8 +182,29 @@ def _status_event(state: LogState, status: str, allowed_from: tuple[str, ...]) -
     return state._replace(status=status)
 
 
+_TEXT_DELTAS: dict[type[Any], str] = {OutputTextDelta: "message", ReasoningTextDelta: "reasoning"}
+
+
 def apply(state: LogState, event: Event) -> LogState:
     """Check ``event`` against ``state``; return the state after it."""
+    item_type = _TEXT_DELTAS.get(type(event))
+    if item_type is not None:
+        # The per-token path: a text delta that breaks no rule (the same checks as below, in
+        # one condition); anything else falls through to find the rule it breaks.
+        e: Any = event
+        item = state.open_item
+        if (
+            item is not None
+            and e.sequence_number == state.next_seq
+            and not state.terminal
+            and item.item_id == e.item_id
+            and item.output_index == e.output_index
+            and item.item_type == item_type
+            and item.part_open
+            and not item.text_done
+            and e.content_index == len(item.parts) - 1
+        ):
+            return _append(state, item, e.delta, state.next_seq + 1)
     if state.terminal:
         is_terminal = type(event) in _TERMINAL_STATUS
         raise _fail(
@@ -205,7 +227,7 @@ def apply(state: LogState, event: Event) -> LogState:
             item = _text_target(
                 state, "message", event.item_id, event.output_index, event.content_index, event.type
             )
-            return _append(state, item, event.delta)
+            return _append(state, item, event.delta, state.next_seq)
         case ReasoningTextDelta():
             item = _text_target(
                 state,
@@ -215,7 +237,7 @@ def apply(state: LogState, event: Event) -> LogState:
                 event.content_index,
                 event.type,
             )
-            return _append(state, item, event.delta)
+            return _append(state, item, event.delta, state.next_seq)
         case ResponseCreated():
             if state.status is not None:
                 raise _fail("created_twice", "a second response.created")
@@ -335,12 +357,12 @@ def apply(state: LogState, event: Event) -> LogState:
             item = _call_target(
                 state, "function_call", event.item_id, event.output_index, event.type
             )
-            return _append(state, item, event.delta)
+            return _append(state, item, event.delta, state.next_seq)
         case CustomToolCallInputDelta():
             item = _call_target(
                 state, "custom_tool_call", event.item_id, event.output_index, event.type
             )
-            return _append(state, item, event.delta)
+            return _append(state, item, event.delta, state.next_seq)
         case FunctionCallArgumentsDone():
             item = _call_target(
                 state, "function_call", event.item_id, event.output_index, event.type

@@ -55,23 +55,75 @@ def check_json_text(text: str) -> str:
     return text
 
 
-@dataclass(frozen=True, slots=True)
 class StoredEvent:
-    """One entry of a response's log: the wire event without ``type``/``sequence_number``."""
+    """One entry of a response's log: the wire event without ``type``/``sequence_number``.
+
+    Give ``payload`` (the JSON object), ``payload_json`` (its exact JSON text), or both. The
+    text, when given, is what the SQL store writes, verbatim; the object is made from it only
+    when somebody reads ``payload`` (a streamed token is written, never read back as a dict).
+    Events loaded back always carry the text: SQLite returns it as written, PostgreSQL the JSONB
+    rendering (same value; key order and spacing may differ).
+
+    Immutable, like a frozen dataclass: equal when ``seq``, ``type`` and ``payload`` are.
+    """
+
+    __slots__ = ("_payload", "payload_json", "seq", "type")
 
     seq: int
     type: str
-    payload: JsonObject
-    # The exact JSON text of ``payload`` when the caller has it (stored verbatim). Events
-    # loaded back always carry it: SQLite returns the text as written, PostgreSQL the JSONB
-    # rendering (same value; key order and spacing may differ).
-    payload_json: str | None = None
+    payload_json: str | None
+    _payload: JsonObject | None
+
+    def __init__(
+        self,
+        seq: int,
+        type: str,
+        payload: JsonObject | None = None,
+        payload_json: str | None = None,
+    ) -> None:
+        if payload is None and payload_json is None:
+            raise TypeError("StoredEvent needs payload or payload_json")
+        _set_seq(self, seq)
+        _set_type(self, type)
+        _set_payload_json(self, payload_json)
+        _set_payload(self, payload)
+
+    @property
+    def payload(self) -> JsonObject:
+        payload = self._payload
+        if payload is None:
+            assert self.payload_json is not None
+            payload = json.loads(self.payload_json)
+            _set_payload(self, payload)
+        return payload
 
     def payload_text(self) -> str:
         """The JSON text to store (``payload_json`` when given, checked but not rewritten)."""
         if self.payload_json is None:
             return dump_json(self.payload)
         return check_json_text(self.payload_json)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"StoredEvent is immutable (cannot set {name!r})")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"StoredEvent is immutable (cannot delete {name!r})")
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, StoredEvent):
+            return NotImplemented
+        return self.seq == other.seq and self.type == other.type and self.payload == other.payload
+
+    __hash__ = None  # type: ignore[assignment]  # equal payloads need not have equal texts
+
+    def __repr__(self) -> str:
+        return f"StoredEvent(seq={self.seq!r}, type={self.type!r}, payload={self.payload!r})"
+
+
+_set_seq = StoredEvent.__dict__["seq"].__set__
+_set_type = StoredEvent.__dict__["type"].__set__
+_set_payload_json = StoredEvent.__dict__["payload_json"].__set__
+_set_payload = StoredEvent.__dict__["_payload"].__set__
 
 
 @dataclass(frozen=True, slots=True)

@@ -46,11 +46,12 @@ async def stream_tokens(
     error: str | None = None,
     times: array | None = None,
     before_last: Callable[[], None] | None = None,
+    on_close: Callable[[], None] | None = None,
 ) -> AsyncIterator[EngineChunk]:
     """Stream ``token_ids`` one at a time as an engine would: stop at a stop token, cut at
     ``max_tokens``, end early on abort, and end with ``error`` if one is given. ``times`` (when
     given) gets the ``monotonic_ns`` of each token's yield; ``before_last`` runs just before the
-    chunk that carries the finish reason."""
+    chunk that carries the finish reason; ``on_close`` once the stream ends or is closed."""
 
     def last(chunk: EngineChunk) -> EngineChunk:
         if times is not None and chunk.token_ids:
@@ -59,32 +60,36 @@ async def stream_tokens(
             before_last()
         return chunk
 
-    stops = set(sampling.stop_token_ids)
-    limit = sampling.max_tokens
-    for sent, token in enumerate(token_ids):
-        if aborted.is_set():
-            yield last(EngineChunk((), "abort"))
-            return
-        if limit is not None and sent >= limit:
-            yield last(EngineChunk((), "length"))
-            return
-        if delay_s:
-            await asyncio.sleep(delay_s)
-        elif sent % _YIELD_EVERY == 0:
-            # At zero delay the engine still lets other tasks run, every few tokens rather than
-            # every token: a loop turn per token would make this test engine, not the server
-            # under test, the main per-token cost in benchmarks.
-            await asyncio.sleep(0)
-        if token in stops:
-            yield last(EngineChunk((token,), "stop"))
-            return
-        if times is not None:
-            times.append(time.monotonic_ns())
-        yield EngineChunk((token,))
-    if error is not None:
-        yield last(EngineChunk((), "error", error=error))
-    else:
-        yield last(EngineChunk((), "stop"))
+    try:
+        stops = set(sampling.stop_token_ids)
+        limit = sampling.max_tokens
+        for sent, token in enumerate(token_ids):
+            if aborted.is_set():
+                yield last(EngineChunk((), "abort"))
+                return
+            if limit is not None and sent >= limit:
+                yield last(EngineChunk((), "length"))
+                return
+            if delay_s:
+                await asyncio.sleep(delay_s)
+            elif sent % _YIELD_EVERY == 0:
+                # At zero delay the engine still lets other tasks run, every few tokens rather than
+                # every token: a loop turn per token would make this test engine, not the server
+                # under test, the main per-token cost in benchmarks.
+                await asyncio.sleep(0)
+            if token in stops:
+                yield last(EngineChunk((token,), "stop"))
+                return
+            if times is not None:
+                times.append(time.monotonic_ns())
+            yield EngineChunk((token,))
+        if error is not None:
+            yield last(EngineChunk((), "error", error=error))
+        else:
+            yield last(EngineChunk((), "stop"))
+    finally:
+        if on_close is not None:
+            on_close()
 
 
 def write_token_times(directory: Path, request_id: str, times: array) -> None:
@@ -140,9 +145,11 @@ class EchoEngine:
     def completion_for(self, prompt_token_ids: Sequence[int]) -> tuple[str, float, str | None]:
         return echo_completion(self._encoding, prompt_token_ids), 0.0, None
 
-    async def generate(
+    def generate(
         self, prompt_token_ids: Sequence[int], sampling: Sampling, request_id: str
     ) -> AsyncIterator[EngineChunk]:
+        # Not itself a generator: it hands back stream_tokens' iterator, so a token crosses
+        # one async generator, not two.
         text, delay_s, error = self.completion_for(prompt_token_ids)
         tokens = self._tokens(text)
         aborted = self._aborted.setdefault(request_id, asyncio.Event())
@@ -153,16 +160,13 @@ class EchoEngine:
             if times is not None and directory is not None:
                 write_token_times(directory, request_id, times)
 
-        try:
-            async for chunk in stream_tokens(
-                tokens,
-                sampling,
-                aborted=aborted,
-                delay_s=delay_s,
-                error=error,
-                times=times,
-                before_last=write_times,
-            ):
-                yield chunk
-        finally:
-            self._aborted.pop(request_id, None)
+        return stream_tokens(
+            tokens,
+            sampling,
+            aborted=aborted,
+            delay_s=delay_s,
+            error=error,
+            times=times,
+            before_last=write_times,
+            on_close=lambda: self._aborted.pop(request_id, None),
+        )

@@ -50,3 +50,19 @@ def test_payload_text_prefers_the_given_json() -> None:
     event = StoredEvent(0, "t", {"a": 1}, '{ "a" : 1 }')
     assert event.payload_text() == '{ "a" : 1 }'
     assert StoredEvent(0, "t", {"a": 1}).payload_text() == '{"a":1}'
+
+
+def test_stored_event_parses_its_text_only_when_asked_and_stays_immutable() -> None:
+    from_text = StoredEvent(4, "response.output_text.delta", payload_json='{"delta":"hi","output_index":0}')
+    assert from_text._payload is None  # nothing parsed yet: a streamed token is never read back
+    assert from_text.payload == {"delta": "hi", "output_index": 0}
+    assert from_text == StoredEvent(4, "response.output_text.delta", {"output_index": 0, "delta": "hi"})
+    assert from_text != StoredEvent(5, "response.output_text.delta", {"output_index": 0, "delta": "hi"})
+    assert from_text.payload_text() == '{"delta":"hi","output_index":0}'  # verbatim
+    assert StoredEvent(0, "t", {"a": 1}).payload_text() == '{"a":1}'
+    with pytest.raises(AttributeError, match="immutable"):
+        from_text.seq = 9  # type: ignore[misc]
+    with pytest.raises(TypeError, match="payload or payload_json"):
+        StoredEvent(0, "t")
+    with pytest.raises(TypeError):
+        hash(from_text)
