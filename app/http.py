@@ -76,6 +76,11 @@ async def create_response(request: Request) -> Response:
     create = CreateResponse.model_validate(body)  # ValidationError -> 400 in app.errors
     run = await service.create(create, body)
     if create.stream:
+        # Answer once response.created is durable: a store that cannot take the response
+        # gets an error status, not a 200 stream that ends without events.
+        await run.created.wait()
+        if not run.published and run.error is not None:
+            raise APIError(500, "The response could not be stored.", type="server_error")
         return _sse(_live_stream(service, run))
     if create.background:
         await run.created.wait()

@@ -49,7 +49,8 @@ class Run:
     subscribers: set[asyncio.Queue[Batch]] = field(default_factory=set)
     #: Set once the terminal event is durable (and published).
     finished: asyncio.Event = field(default_factory=asyncio.Event)
-    #: Set once response.created (and queued) are durable.
+    #: Set once response.created (and queued) are durable and published, or the run failed
+    #: before that (``error`` says why).
     created: asyncio.Event = field(default_factory=asyncio.Event)
     created_response: dict[str, Any] | None = None
     final_response: dict[str, Any] | None = None
@@ -59,6 +60,8 @@ class Run:
     first_queue: asyncio.Queue[Batch] | None = None
     #: Why the run could not write its log (the store failed); None while all is well.
     error: BaseException | None = None
+    #: Some of its events were durable and published.
+    published: bool = False
 
     def subscribe(self) -> asyncio.Queue[Batch]:
         queue: asyncio.Queue[Batch] = asyncio.Queue()
@@ -71,6 +74,9 @@ class Run:
     def publish(self, batch: Batch) -> None:
         for queue in self.subscribers:
             queue.put_nowait(batch)
+        if batch.frames:
+            self.published = True
+        self.created.set()  # the first batch holds response.created
 
 
 def stored_event(event: Event) -> StoredEvent:

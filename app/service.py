@@ -174,7 +174,11 @@ class ResponseService:
         )
         skeleton = self._skeleton(request, response_id, created_at, model)
         if request.store:
-            await self.store.create_response(
+            # Not awaited: the response row is queued for group commit and the first events
+            # follow it into the same commit, so the first token waits for one fsync, not two.
+            # Nothing is published before it is durable, and if the row cannot be written the
+            # events behind it fail too (the run ends with ``run.error``).
+            stored = self.store.submit_create(
                 NewResponse(
                     id=response_id,
                     model=model,
@@ -185,6 +189,7 @@ class ResponseService:
                     input_items=input_items,
                 )
             )
+            stored.add_done_callback(_retrieve)  # its failure is reported through the run
             self._live[response_id] = run
         builder = ResponseBuilder(
             skeleton,
@@ -333,23 +338,20 @@ class ResponseService:
         prompt_audit: asyncio.Future[None] | None = None
         try:
             builder.created(queued=run.background)
-            writer.push(builder.take())
-            if run.background:  # the POST answers with this snapshot, so it must be durable first
-                await writer.drain()
             run.created_response = builder.snapshot("queued" if run.background else "in_progress")
-            run.created.set()
+            writer.push(builder.take())  # run.created is set once these are durable
+            if run.background:  # the POST answers with the snapshot: wait before generating
+                await writer.drain()
             builder.in_progress()
             decoder = new_decoder()
             writer.push(builder.take())
             prompt_audit = (
-                asyncio.ensure_future(
-                    self.store.append_audit(run.id, [AuditRecord("prompt_token_ids", tuple(prompt_ids))])
-                )
+                self.store.submit_audit(run.id, [AuditRecord("prompt_token_ids", tuple(prompt_ids))])
                 if run.store
                 else None
             )  # written while the engine runs, not before it starts
             if prompt_audit is not None:  # a failure is logged by the store; do not warn twice
-                prompt_audit.add_done_callback(lambda f: f.cancelled() or f.exception())
+                prompt_audit.add_done_callback(_retrieve)
             try:
                 async for chunk in self.engine.generate(prompt_ids, sampling, run.engine_request_id):
                     if chunk.token_ids:
@@ -394,24 +396,36 @@ class ResponseService:
                 status, usage=usage, completed_at=_now(), error=error, incomplete_reason=reason
             )
             writer.push(builder.take())
-            await writer.drain()
-            run.final_response = final
-            if prompt_audit is not None:
-                await prompt_audit
-            if run.store:
-                await self.store.append_audit(
+            # queued behind the terminal events, so both usually share one commit
+            output_audit = (
+                self.store.submit_audit(
                     run.id,
                     [
                         AuditRecord("output_token_ids", tuple(output_ids)),
                         AuditRecord("finish", detail=self._finish_detail(finish_reason, engine_error, result)),
                     ],
                 )
+                if run.store
+                else None
+            )
+            try:
+                await writer.drain()
+            finally:
+                if output_audit is not None and not output_audit.done():
+                    output_audit.add_done_callback(_retrieve)
+            run.final_response = final
+            if prompt_audit is not None:
+                await prompt_audit
+            if output_audit is not None:
+                await output_audit
         except asyncio.CancelledError:
             await self.engine.abort(run.engine_request_id)
             raise
         except Exception as exc:
             log.exception("response %s: generation failed", run.id)
             run.error = exc
+            with contextlib.suppress(Exception):  # e.g. the log could not be written: stop the engine
+                await self.engine.abort(run.engine_request_id)
         finally:
             self._live.pop(run.id, None)
             run.created.set()
@@ -613,6 +627,11 @@ class ResponseService:
         tasks = list(self._tasks)
         if tasks:
             await asyncio.wait(tasks, timeout=10)
+
+
+def _retrieve(future: asyncio.Future[None]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 def _frames(events: Sequence[StoredEvent]) -> bytes:

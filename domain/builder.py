@@ -12,7 +12,6 @@ so a builder can never produce a log that the state machine rejects.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -39,6 +38,7 @@ from domain.events import (
     ResponseIncomplete,
     ResponseInProgress,
     ResponseQueued,
+    copy_json,
 )
 from domain.machine import INITIAL, LogState, apply, check_log
 from domain.projections import fold
@@ -139,10 +139,10 @@ class ResponseBuilder:
             if isinstance(event, OutputItemAdded):
                 added[event.output_index] = event.item
             elif isinstance(event, OutputItemDone):
-                builder._done_items.append(copy.deepcopy(event.item))
+                builder._done_items.append(copy_json(event.item))
         open_item = state.open_item
         if open_item is not None:
-            opened = _Open(copy.deepcopy(added[open_item.output_index]), open_item.output_index)
+            opened = _Open(copy_json(added[open_item.output_index]), open_item.output_index)
             opened.content_index = max(len(open_item.parts) - 1, 0)
             current = fold(events)["output"][open_item.output_index]
             if opened.kind in ("message", "reasoning"):
@@ -187,9 +187,9 @@ class ResponseBuilder:
         return self._state.next_seq
 
     def snapshot(self, status: str) -> Json:
-        response = copy.deepcopy(self._response)
+        response = copy_json(self._response)
         response["status"] = status
-        response["output"] = copy.deepcopy(self._done_items)
+        response["output"] = copy_json(self._done_items)
         return response
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -210,7 +210,7 @@ class ResponseBuilder:
             self.close_item()
         opened = _Open(item, len(self._done_items))
         self._open = opened
-        self._emit(OutputItemAdded(self._seq, opened.index, copy.deepcopy(item)))
+        self._emit(OutputItemAdded(self._seq, opened.index, copy_json(item)))
         return opened
 
     def _open_part(self, opened: _Open) -> None:
@@ -333,7 +333,7 @@ class ResponseBuilder:
             item["input"] = text
         self._open = None
         self._done_items.append(item)
-        self._emit(OutputItemDone(self._seq, opened.index, copy.deepcopy(item)))
+        self._emit(OutputItemDone(self._seq, opened.index, copy_json(item)))
         return item
 
     # -- the end ---------------------------------------------------------------------------------

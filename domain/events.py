@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, ClassVar, TypeAlias
+from typing import Any, ClassVar, TypeAlias, TypeVar, cast
 
 __all__ = [
     "LIFECYCLE_TYPES",
@@ -54,10 +54,30 @@ __all__ = [
     "ResponseIncomplete",
     "ResponseQueued",
     "Terminal",
+    "copy_json",
     "event_class",
 ]
 
 Json: TypeAlias = dict[str, Any]
+
+
+_T = TypeVar("_T")
+
+
+def copy_json(value: _T) -> _T:
+    """A deep copy of JSON-shaped data (dicts, lists, tuples of str/int/float/bool/None).
+
+    What ``copy.deepcopy`` does for such data, several times faster (no memo, no dispatch
+    table): snapshots of the Response are copied this way a few times per request."""
+    data: Any = value
+    kind = type(data)
+    if kind is dict:
+        return cast(_T, {key: copy_json(item) for key, item in data.items()})
+    if kind is list:
+        return cast(_T, [copy_json(item) for item in data])
+    if kind is tuple:
+        return cast(_T, tuple(copy_json(item) for item in data))
+    return value
 
 
 # -- response lifecycle ------------------------------------------------------------------------

@@ -8,7 +8,6 @@ re-sends the bytes that were streamed live, without parsing or re-serialising an
 
 from __future__ import annotations
 
-import copy
 import json
 from collections.abc import Iterable
 from dataclasses import fields
@@ -32,6 +31,7 @@ from domain.events import (
     ResponseIncomplete,
     ResponseInProgress,
     ResponseQueued,
+    copy_json,
     event_class,
 )
 
@@ -141,16 +141,16 @@ def fold(events: Iterable[Event]) -> Json:
     for event in events:
         match event:
             case ResponseCompleted() | ResponseIncomplete() | ResponseFailed() | ResponseCancelled():
-                return copy.deepcopy(event.response)
+                return copy_json(event.response)
             case ResponseCreated() | ResponseQueued() | ResponseInProgress():
                 status = event.response.get("status")
                 if response is None:
-                    response = copy.deepcopy(event.response)
+                    response = copy_json(event.response)
                 response["status"] = status
             case OutputItemAdded():
-                items.append(copy.deepcopy(event.item))
+                items.append(copy_json(event.item))
             case OutputItemDone():
-                items[event.output_index] = copy.deepcopy(event.item)
+                items[event.output_index] = copy_json(event.item)
             case ContentPartAdded():
                 items[event.output_index].setdefault("content", []).append(dict(event.part))
             case ContentPartDone():
@@ -182,6 +182,6 @@ def output_as_input(item: Json) -> Json:
     """An output item as the input item a client would replay for the next turn."""
     keys = _INPUT_KEYS.get(item.get("type", ""))
     if keys is None:
-        return copy.deepcopy(item)
-    return {k: copy.deepcopy(item[k]) for k in keys if k in item and item[k] is not None}
+        return copy_json(item)
+    return {k: copy_json(item[k]) for k in keys if k in item and item[k] is not None}
 

@@ -76,6 +76,19 @@ class MemoryStore:
         self._closed = False
 
     async def create_response(self, new: NewResponse) -> None:
+        await self.submit_create(new)
+
+    def submit_create(self, new: NewResponse) -> asyncio.Future[None]:
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        try:
+            self._create(new)
+        except StoreError as exc:
+            future.set_exception(exc)
+        else:
+            future.set_result(None)
+        return future
+
+    def _create(self, new: NewResponse) -> None:
         self._check_open()
         if new.id in self._rows:
             raise ConcurrencyError(f"response {new.id!r} already exists")
@@ -148,6 +161,21 @@ class MemoryStore:
         await self.submit(response_id, events, expected_seq)
 
     async def append_audit(self, response_id: str, records: Sequence[AuditRecord]) -> None:
+        await self.submit_audit(response_id, records)
+
+    def submit_audit(
+        self, response_id: str, records: Sequence[AuditRecord]
+    ) -> asyncio.Future[None]:
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        try:
+            self._append_audit(response_id, records)
+        except StoreError as exc:
+            future.set_exception(exc)
+        else:
+            future.set_result(None)
+        return future
+
+    def _append_audit(self, response_id: str, records: Sequence[AuditRecord]) -> None:
         self._check_open()
         encoded = [
             _Audit(

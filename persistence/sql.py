@@ -200,6 +200,9 @@ class SqlStore:
     # -- writes -------------------------------------------------------------------------
 
     async def create_response(self, new: NewResponse) -> None:
+        await self.submit_create(new)
+
+    def submit_create(self, new: NewResponse) -> asyncio.Future[None]:
         self._check_open()
         row = (
             new.id,
@@ -216,7 +219,7 @@ class SqlStore:
         ]
         future = asyncio.get_running_loop().create_future()
         self._commits.put(_Create(new.id, row, items, future), weight=1 + len(items))
-        await future
+        return future
 
     def submit(
         self, response_id: str, events: Sequence[StoredEvent], expected_seq: int
@@ -246,6 +249,11 @@ class SqlStore:
         await self.submit(response_id, events, expected_seq)
 
     async def append_audit(self, response_id: str, records: Sequence[AuditRecord]) -> None:
+        await self.submit_audit(response_id, records)
+
+    def submit_audit(
+        self, response_id: str, records: Sequence[AuditRecord]
+    ) -> asyncio.Future[None]:
         self._check_open()
         recorded_at = self._clock()
         rows = []
@@ -255,7 +263,7 @@ class SqlStore:
             rows.append((response_id, record.kind, len(packed) // 4, packed, detail, recorded_at))
         future = asyncio.get_running_loop().create_future()
         self._commits.put(_Audit(response_id, rows, future), weight=max(len(rows), 1))
-        await future
+        return future
 
     async def delete(self, response_id: str) -> bool:
         self._check_open()

@@ -3,6 +3,10 @@
 Writes:
 
 - ``create_response`` is durable on return; appends for the response may follow at once.
+  ``submit_create`` enqueues the same write and returns a future instead, so the first events
+  can be submitted right behind it and share its commit (submissions commit in submission
+  order; events submitted for a response whose create then fails fail too).
+- ``submit_audit`` is to ``append_audit`` what ``submit`` is to ``append``.
 - ``submit(response_id, events, expected_seq)`` enqueues events for group commit and returns a
   future that resolves once they are durable. ``expected_seq`` is the ``seq`` the first event
   must take, i.e. the length of the log once every earlier submission for the response has
@@ -42,6 +46,12 @@ Order = Literal["asc", "desc"]
 
 class EventStore(Protocol):
     async def create_response(self, new: NewResponse) -> None: ...
+
+    def submit_create(self, new: NewResponse) -> asyncio.Future[None]: ...
+
+    def submit_audit(
+        self, response_id: str, records: Sequence[AuditRecord]
+    ) -> asyncio.Future[None]: ...
 
     def submit(
         self, response_id: str, events: Sequence[StoredEvent], expected_seq: int

@@ -36,3 +36,14 @@ def test_defaults_and_missing_arguments_behave_as_before() -> None:
         ResponseCompleted(1)  # type: ignore[call-arg]
     with pytest.raises(TypeError):
         OutputTextDelta(3, "msg_1", 0, 0, "hi", (), "extra")  # type: ignore[call-arg]
+
+
+def test_copy_json_is_a_deep_copy_of_json_data() -> None:
+    from domain.events import copy_json
+
+    original = {"a": [1, {"b": "x", "c": None}], "t": ({"d": 2.5},), "e": True}
+    copied = copy_json(original)
+    assert copied == original
+    copied["a"][1]["b"] = "changed"
+    copied["t"][0]["d"] = 0
+    assert original == {"a": [1, {"b": "x", "c": None}], "t": ({"d": 2.5},), "e": True}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from typing import Any
@@ -12,9 +13,14 @@ from openai import OpenAI
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
+from app.encoding import load_encoding
 from app.engines.scripted import ScriptedEngine
+from app.settings import Settings
+from persistence.errors import StoreError
+from persistence.memory import MemoryStore
+from persistence.records import NewResponse
 from tests.e2e.conftest import MODEL, harmony, sse_events
-from tests.support.server import RunningServer
+from tests.support.server import RunningServer, serve
 
 STREAM_EVENT = TypeAdapter(ResponseStreamEvent)
 REASON_THEN_ANSWER = harmony(("analysis", "The user greets me."), ("final", "Hello! How can I help?"))
@@ -231,3 +237,29 @@ def test_item_reference_resolves_items_of_the_chain_and_of_the_input(
         400,
     )
     assert "msg_nowhere" in error["message"]
+
+
+class _RefusingStore(MemoryStore):
+    """A store whose disk is full: it refuses every new response."""
+
+    def submit_create(self, new: NewResponse) -> asyncio.Future[None]:
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        future.set_exception(StoreError("disk I/O error"))
+        return future
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_response_the_store_cannot_take_is_a_500_not_an_empty_stream(stream: bool) -> None:
+    engine = ScriptedEngine(load_encoding(), [MODEL], {"turns": []})
+    settings = Settings(engine="scripted", served_model_names=(MODEL,))
+    with serve(settings, engine=engine, store=_RefusingStore()) as server:
+        r = httpx.post(server.base_url + "/v1/responses", json={"model": MODEL, "input": "hi", "stream": stream}, timeout=30)
+        error = _error(r, 500)
+        assert error["type"] == "server_error"
+        # a response that was never stored is not generated either: nothing keeps running
+        assert server.service._live == {}
+        assert len(engine.aborted_requests) == 1  # and the engine was told to stop
+        unstored = httpx.post(
+            server.base_url + "/v1/responses", json={"model": MODEL, "input": "hi", "store": False}, timeout=30
+        )
+        assert unstored.status_code == 200 and unstored.json()["status"] == "completed"

@@ -55,6 +55,29 @@ class EventStoreContract:
         assert (row.input_tokens, row.output_tokens, row.reasoning_tokens) == (None, None, None)
         assert (row.completed_at, row.error_code, row.incomplete_reason) == (None, None, None)
 
+    async def test_create_events_and_audit_submitted_back_to_back(self, store: EventStore) -> None:
+        new = new_response()
+        writes = [
+            store.submit_create(new),
+            store.submit(new.id, [created(new.id)], 0),
+            store.submit_audit(new.id, [AuditRecord("prompt_token_ids", (1, 2, 3))]),
+        ]
+        await asyncio.gather(*writes)
+        assert [e.type for e in await store.load(new.id)] == ["response.created"]
+        assert [r.token_ids for r in await store.load_audit(new.id)] == [(1, 2, 3)]
+
+    async def test_events_behind_a_failed_create_fail_too(self, store: EventStore) -> None:
+        new = new_response()
+        await store.create_response(new)
+        again = store.submit_create(new)  # the id is taken
+        with pytest.raises(ConcurrencyError):
+            await again
+        other = new_response()
+        orphan = store.submit(other.id, [created(other.id)], 0)  # never created
+        with pytest.raises(NotFound):
+            await orphan
+        assert await store.get(other.id) is None
+
     async def test_foreground_response_starts_in_progress(self, store: EventStore) -> None:
         new = new_response(background=False)
         await store.create_response(new)

@@ -56,6 +56,22 @@ async def _execute(url: str, sql: str) -> None:
         await pg.close()
 
 
+async def test_a_create_and_the_events_behind_it_share_one_commit(sql_url: str) -> None:
+    store = await open_store(sql_url, commit_window_ms=5.0)
+    try:
+        new = new_response()
+        before = store.stats
+        await asyncio.gather(
+            store.submit_create(new),
+            store.submit(new.id, [created(new.id), delta(1, "hi")], 0),
+            store.submit_audit(new.id, [AuditRecord("prompt_token_ids", (7,))]),
+        )
+        after = store.stats
+        assert (after.transactions - before.transactions, after.events - before.events) == (1, 2)
+    finally:
+        await store.close()
+
+
 async def test_concurrent_writers_share_transactions(sql_url: str) -> None:
     store = await open_store(sql_url, commit_window_ms=5.0)
     try:
