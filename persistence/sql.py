@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import json
+import sqlite3
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
@@ -74,6 +76,7 @@ from persistence.schema import (
     responses,
     server_secrets,
 )
+from persistence.sqlite_writer import SqliteWriter
 from persistence.store import Order, check_submission
 
 __all__ = ["CommitStats", "SqlStore", "open_store"]
@@ -117,8 +120,18 @@ async def open_store(
         await writer.dispose()
         await reader.dispose()
         raise _store_error(exc) from exc
+    path = sqlite_path(writer.url)
+    direct = (
+        None
+        if path is None
+        else SqliteWriter(path, synchronous=sqlite_synchronous, busy_timeout_ms=busy_timeout_ms)
+    )
     return SqlStore(
-        writer, reader, commit_window_ms=commit_window_ms, max_batch_events=max_batch_events
+        writer,
+        reader,
+        commit_window_ms=commit_window_ms,
+        max_batch_events=max_batch_events,
+        direct=direct,
     )
 
 
@@ -167,6 +180,25 @@ class _Audit:
 _Write = _Create | _Append | _Audit
 
 
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """What one transaction writes: each write's refusal (or None), the statements, and how
+    many events they hold."""
+
+    outcomes: list[StoreError | None]
+    statements: list[tuple[str, list[tuple[Any, ...]]]]
+    events: int
+
+
+def _found_tails(
+    tails: dict[str, _Tail | None], unknown: list[str], rows: Iterable[Sequence[Any]]
+) -> None:
+    """Fill ``tails`` for the ``unknown`` ids from (id, last_seq, last_type) rows."""
+    found = {rid: _Tail(last_seq + 1, last_type in TERMINAL_EVENT_TYPES) for rid, last_seq, last_type in rows}
+    for rid in unknown:
+        tails[rid] = found.get(rid)
+
+
 class SqlStore:
     """Use ``open_store`` to make one. ``reader`` may be ``writer`` (PostgreSQL)."""
 
@@ -179,9 +211,12 @@ class SqlStore:
         max_batch_events: int = 1024,
         tail_cache_size: int = 65_536,
         clock: Callable[[], float] = time.time,
+        direct: SqliteWriter | None = None,
     ) -> None:
         self._writer = writer
         self._reader = reader
+        # SQLite: group commits go through this writer thread, not through ``writer``
+        self._direct = direct
         self._clock = clock
         self._postgres = writer.dialect.name == "postgresql"
         self._sql = _Statements(postgres=self._postgres)
@@ -297,6 +332,8 @@ class SqlStore:
         try:
             await self._commits.close()
         finally:
+            if self._direct is not None:
+                await self._direct.close()
             await self._writer.dispose()
             if self._reader is not self._writer:
                 await self._reader.dispose()
@@ -306,13 +343,13 @@ class SqlStore:
     async def _commit(self, batch: list[_Write]) -> None:
         try:
             outcomes = await self._write(batch, fresh=False)
-        except (IntegrityError, DataError):
+        except (IntegrityError, DataError, sqlite3.IntegrityError, sqlite3.DataError):
             # One submission's rows were refused: find out which, and commit the others.
             self._forget(batch)
             for write in batch:
                 await self._commit_alone(write)
             return
-        except (SQLAlchemyError, OSError) as exc:
+        except (SQLAlchemyError, sqlite3.Error, OSError) as exc:
             self._forget(batch)
             for write in batch:
                 _settle(write, _store_error(exc))
@@ -323,80 +360,61 @@ class SqlStore:
     async def _commit_alone(self, write: _Write) -> None:
         try:
             (outcome,) = await self._write([write], fresh=True)
-        except IntegrityError as exc:
+        except (IntegrityError, sqlite3.IntegrityError) as exc:
             self._forget([write])
             outcome = _integrity_error(write.response_id, exc)
-        except (SQLAlchemyError, OSError) as exc:
+        except (SQLAlchemyError, sqlite3.Error, OSError) as exc:
             self._forget([write])
             outcome = _store_error(exc)
         _settle(write, outcome)
 
     async def _write(self, batch: list[_Write], *, fresh: bool) -> list[StoreError | None]:
         """Write ``batch`` in one transaction; return each write's refusal (or None)."""
-        outcomes: list[StoreError | None] = []
-        creates: list[tuple[Any, ...]] = []
-        items: list[tuple[Any, ...]] = []
-        events: list[tuple[Any, ...]] = []
-        audits: list[tuple[Any, ...]] = []
-        updates: dict[str, tuple[Any, ...]] = {}
-        async with self._writer.begin() as conn:
-            tails = await self._tails_for(conn, batch, fresh=fresh)
-            for write in batch:
-                rid = write.response_id
-                tail = tails[rid]
-                if isinstance(write, _Create):
-                    if tail is not None:
-                        outcomes.append(ConcurrencyError(f"response {rid!r} already exists"))
-                        continue
-                    creates.append(write.row)
-                    items.extend(write.items)
-                    tails[rid] = _Tail(0, False)
-                elif tail is None:
-                    outcomes.append(NotFound(f"no response {rid!r}"))
-                    continue
-                elif isinstance(write, _Audit):
-                    audits.extend(write.rows)
-                elif tail.ended:
-                    outcomes.append(ConcurrencyError(f"the log of {rid!r} has ended"))
-                    continue
-                elif write.expected_seq != tail.next_seq:
-                    outcomes.append(
-                        ConcurrencyError(
-                            f"response {rid!r}: expected_seq {write.expected_seq}, "
-                            f"next seq is {tail.next_seq}"
-                        )
-                    )
-                    continue
-                else:
-                    events.extend(write.rows)
-                    tails[rid] = _Tail(tail.next_seq + len(write.rows), write.ends)
-                    if write.update is not None:
-                        updates[rid] = write.update
-                outcomes.append(None)
-            for sql, rows in (
-                (self._sql.insert_response, creates),
-                (self._sql.insert_input_item, items),
-                (self._sql.insert_event, events),
-                (self._sql.insert_audit, audits),
-                (self._sql.update_response, list(updates.values())),
-            ):
-                if rows:
+        tails, unknown = self._cached_tails(batch, fresh=fresh)
+        plan: _Plan
+        if self._direct is not None:
+            plan = await self._direct.transaction(
+                functools.partial(self._write_direct, batch, tails, unknown)
+            )
+        else:
+            async with self._writer.begin() as conn:
+                if unknown:
+                    found = await conn.execute(_TAILS, {"ids": unknown})
+                    _found_tails(tails, unknown, found)
+                plan = self._plan(batch, tails)
+                for sql, rows in plan.statements:
                     await conn.exec_driver_sql(sql, rows)
         self._stats = CommitStats(
             self._stats.transactions + 1,
-            self._stats.writes + outcomes.count(None),
-            self._stats.events + len(events),
+            self._stats.writes + plan.outcomes.count(None),
+            self._stats.events + plan.events,
         )
         for rid, tail in tails.items():
             if tail is not None:
                 self._remember(rid, tail)
-        return outcomes
+        return plan.outcomes
 
-    async def _tails_for(
-        self, conn: AsyncConnection, batch: list[_Write], *, fresh: bool
-    ) -> dict[str, _Tail | None]:
-        """The tail of every log the batch touches, from the cache unless ``fresh``; None
-        for a response that does not exist."""
+    def _write_direct(
+        self,
+        batch: list[_Write],
+        tails: dict[str, _Tail | None],
+        unknown: list[str],
+        conn: sqlite3.Connection,
+    ) -> _Plan:
+        """``_write``'s transaction on the SQLite writer thread (see ``persistence.sqlite_writer``)."""
+        if unknown:
+            marks = ", ".join("?" * len(unknown))
+            _found_tails(tails, unknown, conn.execute(_SQLITE_TAILS.format(marks=marks), unknown))
+        plan = self._plan(batch, tails)
+        for sql, rows in plan.statements:
+            conn.executemany(sql, rows)
+        return plan
+
+    def _cached_tails(
+        self, batch: list[_Write], *, fresh: bool
+    ) -> tuple[dict[str, _Tail | None], list[str]]:
+        """The tails of the logs the batch touches that the cache knows (none if ``fresh``),
+        and the ids it does not know."""
         tails: dict[str, _Tail | None] = {}
         unknown: list[str] = []
         for write in batch:
@@ -408,14 +426,60 @@ class SqlStore:
                 tails[rid] = known
             else:
                 unknown.append(rid)
-        if unknown:
-            found = {
-                row.id: _Tail(row.last_seq + 1, row.last_type in TERMINAL_EVENT_TYPES)
-                for row in await conn.execute(_TAILS, {"ids": unknown})
-            }
-            for rid in unknown:
-                tails[rid] = found.get(rid)
-        return tails
+        return tails, unknown
+
+    def _plan(self, batch: list[_Write], tails: dict[str, _Tail | None]) -> _Plan:
+        """Check every write against the tails (updating them) and gather the rows to write."""
+        outcomes: list[StoreError | None] = []
+        creates: list[tuple[Any, ...]] = []
+        items: list[tuple[Any, ...]] = []
+        events: list[tuple[Any, ...]] = []
+        audits: list[tuple[Any, ...]] = []
+        updates: dict[str, tuple[Any, ...]] = {}
+        for write in batch:
+            rid = write.response_id
+            tail = tails[rid]
+            if isinstance(write, _Create):
+                if tail is not None:
+                    outcomes.append(ConcurrencyError(f"response {rid!r} already exists"))
+                    continue
+                creates.append(write.row)
+                items.extend(write.items)
+                tails[rid] = _Tail(0, False)
+            elif tail is None:
+                outcomes.append(NotFound(f"no response {rid!r}"))
+                continue
+            elif isinstance(write, _Audit):
+                audits.extend(write.rows)
+            elif tail.ended:
+                outcomes.append(ConcurrencyError(f"the log of {rid!r} has ended"))
+                continue
+            elif write.expected_seq != tail.next_seq:
+                outcomes.append(
+                    ConcurrencyError(
+                        f"response {rid!r}: expected_seq {write.expected_seq}, "
+                        f"next seq is {tail.next_seq}"
+                    )
+                )
+                continue
+            else:
+                events.extend(write.rows)
+                tails[rid] = _Tail(tail.next_seq + len(write.rows), write.ends)
+                if write.update is not None:
+                    updates[rid] = write.update
+            outcomes.append(None)
+        statements = [
+            (sql, rows)
+            for sql, rows in (
+                (self._sql.insert_response, creates),
+                (self._sql.insert_input_item, items),
+                (self._sql.insert_event, events),
+                (self._sql.insert_audit, audits),
+                (self._sql.update_response, list(updates.values())),
+            )
+            if rows
+        ]
+        return _Plan(outcomes, statements, len(events))
 
     def _remember(self, response_id: str, tail: _Tail) -> None:
         self._tails[response_id] = tail
@@ -589,8 +653,8 @@ def _store_error(exc: BaseException) -> StoreError:
     return error
 
 
-def _integrity_error(response_id: str, exc: IntegrityError) -> StoreError:
-    if "foreign key" in str(exc.orig).lower():
+def _integrity_error(response_id: str, exc: Exception) -> StoreError:
+    if "foreign key" in str(getattr(exc, "orig", exc)).lower():
         error: StoreError = NotFound(f"no response {response_id!r}")
     else:
         error = ConcurrencyError(f"response {response_id!r}: another writer got there first")
@@ -645,6 +709,14 @@ _LAST_TYPE = (
     .label("last_type")
 )
 _TAILS = select(_r.c.id, _LAST_SEQ, _LAST_TYPE).where(_r.c.id.in_(bindparam("ids", expanding=True)))
+# The same on the SQLite writer thread, in plain SQL ({marks}: one ? per id).
+_SQLITE_TAILS = (
+    "SELECT r.id,"
+    " (SELECT coalesce(max(e.seq), -1) FROM response_events AS e WHERE e.response_id = r.id),"
+    " (SELECT e.type FROM response_events AS e WHERE e.response_id = r.id"
+    " ORDER BY e.seq DESC LIMIT 1)"
+    " FROM responses AS r WHERE r.id IN ({marks})"
+)
 _ROWS = select(*_r.c, _LAST_SEQ)
 _EVENTS = select(_e.c.seq, _e.c.type, cast(_e.c.payload, Text))
 
