@@ -258,7 +258,7 @@ class HarmonyDecoder:
 
     def finish(self, *, truncated: bool) -> DecodeResult:
         """Close whatever is open. ``truncated``: generation was cut (max tokens, abort, error),
-        so an item still open is ``incomplete``. Resets the parser; returns the result."""
+        so an item still open is ``incomplete``. Returns the result; later calls return it again."""
         if self._finished:
             return self.result
         self._finished = True
@@ -271,5 +271,6 @@ class HarmonyDecoder:
         elif self._header:
             self._recover(self._header, "generation ended inside a header", status)
         self._header = []
-        self._reset_parser(expect_start=False)
+        self._in_content = False
+        self._content_kind = None
         return self.result

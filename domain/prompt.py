@@ -630,6 +630,19 @@ class _Conversation:
 # -- rendering -----------------------------------------------------------------------------------
 
 
+_STOP_TOKENS: dict[str, tuple[int, ...]] = {}
+
+
+def _stop_tokens(encoding: HarmonyEncoding) -> tuple[int, ...]:
+    """The encoding's stop tokens for assistant actions, sorted (Harmony returns them from a hash
+    set, in any order, so equal requests give equal prompts); asked once per encoding name."""
+    stop = _STOP_TOKENS.get(encoding.name)
+    if stop is None:
+        stop = tuple(sorted(int(t) for t in encoding.stop_tokens_for_assistant_actions()))
+        _STOP_TOKENS[encoding.name] = stop
+    return stop
+
+
 def render_prompt(encoding: HarmonyEncoding, request: PromptRequest) -> RenderedPrompt:
     """Render ``request`` into the prompt token ids for gpt-oss (see the module docstring)."""
     catalog = _catalog(request.tools)
@@ -705,9 +718,7 @@ def render_prompt(encoding: HarmonyEncoding, request: PromptRequest) -> Rendered
     elif choice.mode == "required":
         prefill = _required_prefill(encoding)
         token_ids.extend(prefill.token_ids)
-    # Harmony returns these from a hash set, in any order: sort them so equal requests give equal
-    # prompts.
-    stop = tuple(sorted(int(t) for t in encoding.stop_tokens_for_assistant_actions()))
+    stop = _stop_tokens(encoding)
     return RenderedPrompt(
         token_ids=token_ids,
         stop_token_ids=stop,
