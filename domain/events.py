@@ -56,6 +56,7 @@ __all__ = [
     "Terminal",
     "copy_json",
     "event_class",
+    "fast_init",
 ]
 
 Json: TypeAlias = dict[str, Any]
@@ -305,7 +306,7 @@ _CLASSES: dict[str, type[Any]] = {
 
 
 
-def _fast_init(cls: type[Any]) -> None:
+def fast_init(cls: type[Any]) -> None:
     """Give a frozen slots dataclass an ``__init__`` that sets each slot through its descriptor.
 
     The generated one goes through ``object.__setattr__`` field by field (frozen dataclasses
@@ -332,7 +333,7 @@ def _fast_init(cls: type[Any]) -> None:
 
 
 for _cls in _CLASSES.values():
-    _fast_init(_cls)
+    fast_init(_cls)
 
 TERMINAL_TYPES = frozenset(
     {ResponseCompleted.type, ResponseIncomplete.type, ResponseFailed.type, ResponseCancelled.type}

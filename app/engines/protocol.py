@@ -11,6 +11,8 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+from domain.events import fast_init
+
 FinishReason = Literal["stop", "length", "abort", "error"]
 
 
@@ -41,6 +43,9 @@ class EngineChunk:
     finish_reason: FinishReason | None = None
     num_cached_tokens: int | None = None
     error: str | None = None
+
+
+fast_init(EngineChunk)  # one is made per token
 
 
 class EngineError(Exception):
