@@ -59,6 +59,12 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--reps", type=int, default=3, help="measured runs per cell (median)")
     run.add_argument("--tokens", type=int, default=1000, help="output tokens per stream")
     run.add_argument(
+        "--token-delay-ms",
+        type=float,
+        default=0.0,
+        help="pace the ledger's scripted engine: this long before each token (default 0)",
+    )
+    run.add_argument(
         "--total-tokens",
         type=int,
         default=400_000,
@@ -127,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         concurrency=args.concurrency,
         reps=args.reps,
         tokens=args.tokens,
+        token_delay_ms=args.token_delay_ms,
         total_tokens=args.total_tokens,
         max_run_seconds=args.max_run_seconds or None,
         latency=not args.no_latency,

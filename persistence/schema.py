@@ -26,6 +26,7 @@ from sqlalchemy import (
     Column,
     Double,
     ForeignKey,
+    ForeignKeyConstraint,
     Index,
     Integer,
     LargeBinary,
@@ -36,6 +37,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 
 __all__ = [
+    "DIALECTS",
     "metadata",
     "response_audit",
     "response_events",
@@ -55,6 +57,10 @@ metadata = MetaData(
 )
 
 _Json = JSON().with_variant(JSONB(), "postgresql")
+
+#: ``info`` key of a constraint that exists only on these dialects (``alembic check`` compares
+#: it only there; see migrations/env.py).
+DIALECTS = "dialects"
 
 responses = Table(
     "responses",
@@ -80,16 +86,22 @@ responses = Table(
 response_events = Table(
     "response_events",
     metadata,
-    Column(
-        "response_id",
-        Text,
-        ForeignKey("responses.id", ondelete="CASCADE"),
-        primary_key=True,
-    ),
+    Column("response_id", Text, primary_key=True),
     Column("seq", Integer, primary_key=True, autoincrement=False),
     Column("type", Text, nullable=False),
     Column("payload", _Json, nullable=False),
     Column("recorded_at", Double, nullable=False),
+    # SQLite only. On PostgreSQL a foreign key is checked per inserted row by a trigger that
+    # looks up and locks the parent row: 5.5 of the 13 us of database CPU per streamed event
+    # (bench: 64 logs x 2,000-row commits). There the store checks that the response exists
+    # before it appends (as it does on SQLite), and a trigger on ``responses`` deletes a
+    # response's events with it (migration 0002).
+    ForeignKeyConstraint(
+        ["response_id"],
+        ["responses.id"],
+        ondelete="CASCADE",
+        info={DIALECTS: ("sqlite",)},
+    ).ddl_if(dialect="sqlite"),
     sqlite_with_rowid=False,
 )
 

@@ -20,6 +20,8 @@ from persistence.sql import open_store
 from tests.persistence.factories import new_response
 from tests.support.postgres import fresh_database, unavailable
 
+HEAD = "0002"  # the newest migration
+
 _REPO = Path(__file__).resolve().parents[2]
 _TABLES = {
     "responses",
@@ -99,7 +101,7 @@ async def _execute(url: str, sql: str) -> None:
 async def test_upgrade_check_downgrade_upgrade(empty_url: str) -> None:
     assert await migrate.current_async(empty_url) is None
     await migrate.upgrade_async(empty_url)
-    assert await migrate.current_async(empty_url) == "0001"
+    assert await migrate.current_async(empty_url) == HEAD
     await migrate.check_async(empty_url)  # raises on drift
     objects = await _objects(empty_url)
     assert objects["table"] == _TABLES | {"alembic_version"}
@@ -132,7 +134,7 @@ def test_sync_helpers_for_the_command_line(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'cli.db'}"  # a sync-driver URL is accepted too
     assert migrate.current(url) is None
     migrate.upgrade(url)
-    assert migrate.current(url) == "0001"
+    assert migrate.current(url) == HEAD
     migrate.check(url)
     migrate.downgrade(url, "base")
     assert migrate.current(url) is None
@@ -157,7 +159,7 @@ def test_alembic_command_line_default_url(tmp_path: Path) -> None:
     _alembic("upgrade", "head", cwd=tmp_path, env=env)
     assert (tmp_path / "data" / "responses.db").exists()  # the default, relative to the cwd
     assert "No new upgrade operations detected" in _alembic("check", cwd=tmp_path, env=env)
-    assert "0001 (head)" in _alembic("current", cwd=tmp_path, env=env)
+    assert f"{HEAD} (head)" in _alembic("current", cwd=tmp_path, env=env)
 
 
 def test_alembic_command_line_url_choices(tmp_path: Path) -> None:
@@ -172,13 +174,13 @@ def test_alembic_command_line_url_choices(tmp_path: Path) -> None:
     _alembic("-x", f"url=sqlite+aiosqlite:///{from_x}", "upgrade", "head", cwd=tmp_path)
     assert from_env.exists() and from_x.exists()
     assert not (tmp_path / "data").exists()
-    assert migrate.current(f"sqlite:///{from_x}") == "0001"
+    assert migrate.current(f"sqlite:///{from_x}") == HEAD
 
 
 async def test_servers_starting_together_migrate_once(empty_url: str) -> None:
     stores = await asyncio.gather(*(open_store(empty_url) for _ in range(3)))
     try:
-        assert await migrate.current_async(empty_url) == "0001"
+        assert await migrate.current_async(empty_url) == HEAD
         new = new_response()
         await stores[0].create_response(new)
         assert await stores[2].get(new.id) is not None

@@ -17,6 +17,8 @@ from persistence.sql import SqlStore, open_store
 from tests.persistence.factories import completed, created, delta, new_response
 from tests.support.postgres import create_database, drop_database, unavailable
 
+HEAD = "0002"  # the newest migration
+
 
 async def _started(store: SqlStore) -> str:
     new = new_response()
@@ -248,7 +250,7 @@ async def test_sqlite_first_start_creates_and_migrates(tmp_path: Path) -> None:
     store = await open_store(url)
     await store.close()
     assert path.exists()
-    assert await current_async(url) == "0001"
+    assert await current_async(url) == HEAD
     (mode,) = sqlite3.connect(path).execute("PRAGMA journal_mode").fetchone()
     assert mode == "wal"
     again = await open_store(url)  # a second start migrates nothing and keeps the data
