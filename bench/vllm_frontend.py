@@ -192,7 +192,9 @@ async def run_frontend(
                     "return_token_ids": True,
                     "stop_token_ids": list(HARMONY_STOP_TOKEN_IDS),
                     "logit_bias": {str(k): v for k, v in NO_STOP_BIAS.items()},
-                    "seed": index,
+                    # no per-request seed: with prefix-cache hits (the prompts share their
+                    # Harmony system prompt) vLLM's CPU build fails seeded sampling ("CPU
+                    # Generator does not use offset") and the engine dies
                 }
                 sent, tokens, first = time.perf_counter(), 0, None
                 async with client.stream("POST", url + "/v1/completions", json=body) as response:
@@ -362,7 +364,6 @@ async def run_engine(
                 max_tokens=args.tokens,
                 stop_token_ids=HARMONY_STOP_TOKEN_IDS,
                 logit_bias=NO_STOP_BIAS,
-                seed=index,
             )
             sent, tokens, first = time.perf_counter(), 0, None
             async for chunk in engine.generate(
@@ -423,6 +424,7 @@ def _parser() -> argparse.ArgumentParser:
         "--engine-args", type=json.loads, default={}, help="JSON object of further vLLM args"
     )
     parser.add_argument("--startup-timeout", type=float, default=300.0)
+    parser.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
     return parser
 
 
@@ -469,7 +471,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 sys.stderr.write(f"--- {name}\n" + log.read_text(errors="replace")[-4000:])
         raise
     finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+        if args.keep:
+            print(f"kept {workdir}", file=sys.stderr)
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
     print(f"\ntotal {time.perf_counter() - started:.0f} s; summary:\n{HEADER}")
     for cell in cells:
         print(cell.row())
