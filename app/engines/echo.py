@@ -20,7 +20,7 @@ from openai_harmony import HarmonyEncoding
 
 from app.engines.protocol import EngineChunk, Sampling
 
-__all__ = ["EchoEngine", "echo_completion", "stream_tokens"]
+__all__ = ["EchoEngine", "StepClock", "echo_completion", "stream_tokens"]
 
 _YIELD_EVERY = 16
 _LAST_USER = re.compile(r"<\|start\|>user<\|message\|>(.*?)<\|end\|>", re.DOTALL)
@@ -37,12 +37,39 @@ def echo_completion(encoding: HarmonyEncoding, prompt_token_ids: Sequence[int]) 
     )
 
 
+class StepClock:
+    """Paces streams as an engine's steps do: every stream waiting for the next step wakes at it.
+
+    One timer per step for all the streams, not one per stream per token: at 256 streams a
+    timer each cost more than the server's whole work per token, and a real engine (vLLM's step
+    loop) also hands every running request its next token at once."""
+
+    def __init__(self, interval_s: float) -> None:
+        self._interval = interval_s
+        self._next: asyncio.Future[None] | None = None
+
+    def step(self) -> asyncio.Future[None]:
+        """The next step (scheduled one interval from now if none is pending)."""
+        upcoming = self._next
+        if upcoming is None or upcoming.done():
+            loop = asyncio.get_running_loop()
+            upcoming = self._next = loop.create_future()
+            loop.call_later(self._interval, _resolve, upcoming)
+        return upcoming
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
 async def stream_tokens(
     token_ids: Sequence[int],
     sampling: Sampling,
     *,
     aborted: asyncio.Event,
     delay_s: float = 0.0,
+    clock: StepClock | None = None,
     error: str | None = None,
     times: array | None = None,
     before_last: Callable[[], None] | None = None,
@@ -50,7 +77,8 @@ async def stream_tokens(
 ) -> AsyncIterator[EngineChunk]:
     """Stream ``token_ids`` one at a time as an engine would: stop at a stop token, cut at
     ``max_tokens``, end early on abort, and end with ``error`` if one is given. ``times`` (when
-    given) gets the ``monotonic_ns`` of each token's yield; ``before_last`` runs just before the
+    given) gets the ``monotonic_ns`` of each token's yield; with ``delay_s``, each token waits
+    for the next step of ``clock`` (one of its own if none is given); ``before_last`` runs just before the
     chunk that carries the finish reason; ``on_close`` once the stream ends or is closed."""
 
     def last(chunk: EngineChunk) -> EngineChunk:
@@ -60,6 +88,8 @@ async def stream_tokens(
             before_last()
         return chunk
 
+    if delay_s and clock is None:
+        clock = StepClock(delay_s)
     try:
         stops = set(sampling.stop_token_ids)
         limit = sampling.max_tokens
@@ -70,8 +100,9 @@ async def stream_tokens(
             if limit is not None and sent >= limit:
                 yield last(EngineChunk((), "length"))
                 return
-            if delay_s:
-                await asyncio.sleep(delay_s)
+            if clock is not None:
+                # shielded: a cancelled stream must not cancel the step the others wait for
+                await asyncio.shield(clock.step())
             elif sent % _YIELD_EVERY == 0:
                 # At zero delay the engine still lets other tasks run, every few tokens rather than
                 # every token: a loop turn per token would make this test engine, not the server
@@ -113,6 +144,8 @@ class EchoEngine:
         self.model_names = tuple(model_names)
         self._aborted: dict[str, asyncio.Event] = {}
         self._encoded: dict[str, list[int]] = {}
+        #: One step clock per token delay: paced streams advance together, as in an engine.
+        self._clocks: dict[float, StepClock] = {}
         #: Where to write each request's token yield times (the benchmark's latency side channel).
         self.token_times_dir: Path | None = None
         #: Request ids abort() was called for (tests check that dropped streams are aborted).
@@ -151,6 +184,11 @@ class EchoEngine:
         # Not itself a generator: it hands back stream_tokens' iterator, so a token crosses
         # one async generator, not two.
         text, delay_s, error = self.completion_for(prompt_token_ids)
+        clock = None
+        if delay_s:
+            clock = self._clocks.get(delay_s)
+            if clock is None:
+                clock = self._clocks[delay_s] = StepClock(delay_s)
         tokens = self._tokens(text)
         aborted = self._aborted.setdefault(request_id, asyncio.Event())
         times = array("q") if self.token_times_dir is not None else None
@@ -165,6 +203,7 @@ class EchoEngine:
             sampling,
             aborted=aborted,
             delay_s=delay_s,
+            clock=clock,
             error=error,
             times=times,
             before_last=write_times,

@@ -79,3 +79,37 @@ async def test_token_times_are_written_for_the_benchmark(
     times.frombytes((tmp_path / "resp_x.ns").read_bytes())
     assert len(times) == sum(len(c.token_ids) for c in chunks)
     assert list(times) == sorted(times)
+
+
+async def test_paced_streams_share_steps_and_one_cancelled_stream_stops_no_other() -> None:
+    from app.engines.echo import StepClock, stream_tokens
+
+    class CountingClock(StepClock):
+        def __init__(self, interval_s: float) -> None:
+            super().__init__(interval_s)
+            self.steps: list[asyncio.Future[None]] = []
+
+        def step(self) -> asyncio.Future[None]:
+            upcoming = super().step()
+            if not self.steps or self.steps[-1] is not upcoming:
+                self.steps.append(upcoming)
+            return upcoming
+
+    clock = CountingClock(0.02)
+    sampling = Sampling(max_tokens=None, stop_token_ids=STOPS)
+
+    async def run(ids: list[int]) -> list[int]:
+        got: list[int] = []
+        async for chunk in stream_tokens(ids, sampling, aborted=asyncio.Event(), delay_s=0.02, clock=clock):
+            got.extend(chunk.token_ids)
+        return got
+
+    doomed = asyncio.ensure_future(run(list(range(100, 150))))
+    survivors = [asyncio.ensure_future(run([1, 2, 3, 4, 5])) for _ in range(20)]
+    await asyncio.sleep(0.03)
+    doomed.cancel()  # while it waits on the step the others wait on too
+    assert await asyncio.gather(*survivors) == [[1, 2, 3, 4, 5]] * 20
+    with pytest.raises(asyncio.CancelledError):
+        await doomed
+    # 21 streams advanced together: a handful of steps, not one timer per stream per token
+    assert len(clock.steps) <= 8, len(clock.steps)
