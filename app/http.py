@@ -66,8 +66,22 @@ def _has_nul(value: Any) -> bool:
     return False
 
 
+class _EventStream(EventSourceResponse):
+    """sse-starlette (pinned 3.7.0) wraps every chunk's send in an anyio cancel scope for its
+    optional per-send timeout. We set no such timeout, and when an engine paces tokens slowly
+    every token is its own chunk, so the scope was a measurable part of each token's cost: without
+    a timeout the chunk is sent directly (a stuck client is still handled: disconnects end the
+    stream, and uvicorn's flow control pauses the writer)."""
+
+    async def _send_with_timeout(self, send: Any, message: Any) -> None:
+        if self.send_timeout is None:
+            await send(message)
+        else:
+            await super()._send_with_timeout(send, message)
+
+
 def _sse(frames: AsyncIterator[bytes]) -> EventSourceResponse:
-    return EventSourceResponse(frames, ping=15, headers={"Cache-Control": "no-cache"})
+    return _EventStream(frames, ping=15, headers={"Cache-Control": "no-cache"})
 
 
 async def create_response(request: Request) -> Response:

@@ -46,21 +46,23 @@ class StepClock:
 
     def __init__(self, interval_s: float) -> None:
         self._interval = interval_s
-        self._next: asyncio.Future[None] | None = None
+        self._waiters: list[asyncio.Future[None]] = []
 
     def step(self) -> asyncio.Future[None]:
-        """The next step (scheduled one interval from now if none is pending)."""
-        upcoming = self._next
-        if upcoming is None or upcoming.done():
-            loop = asyncio.get_running_loop()
-            upcoming = self._next = loop.create_future()
-            loop.call_later(self._interval, _resolve, upcoming)
-        return upcoming
+        """A future of the caller's own that resolves at the next step (scheduled one interval
+        from now if none is pending); cancelling it leaves the other streams' alone."""
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[None] = loop.create_future()
+        if not self._waiters:
+            loop.call_later(self._interval, self._tick)
+        self._waiters.append(waiter)
+        return waiter
 
-
-def _resolve(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)
+    def _tick(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
 
 
 async def stream_tokens(
@@ -101,8 +103,7 @@ async def stream_tokens(
                 yield last(EngineChunk((), "length"))
                 return
             if clock is not None:
-                # shielded: a cancelled stream must not cancel the step the others wait for
-                await asyncio.shield(clock.step())
+                await clock.step()
             elif sent % _YIELD_EVERY == 0:
                 # At zero delay the engine still lets other tasks run, every few tokens rather than
                 # every token: a loop turn per token would make this test engine, not the server

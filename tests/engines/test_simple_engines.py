@@ -87,13 +87,11 @@ async def test_paced_streams_share_steps_and_one_cancelled_stream_stops_no_other
     class CountingClock(StepClock):
         def __init__(self, interval_s: float) -> None:
             super().__init__(interval_s)
-            self.steps: list[asyncio.Future[None]] = []
+            self.steps = 0
 
-        def step(self) -> asyncio.Future[None]:
-            upcoming = super().step()
-            if not self.steps or self.steps[-1] is not upcoming:
-                self.steps.append(upcoming)
-            return upcoming
+        def _tick(self) -> None:
+            self.steps += 1
+            super()._tick()
 
     clock = CountingClock(0.02)
     sampling = Sampling(max_tokens=None, stop_token_ids=STOPS)
@@ -112,4 +110,4 @@ async def test_paced_streams_share_steps_and_one_cancelled_stream_stops_no_other
     with pytest.raises(asyncio.CancelledError):
         await doomed
     # 21 streams advanced together: a handful of steps, not one timer per stream per token
-    assert len(clock.steps) <= 8, len(clock.steps)
+    assert 5 <= clock.steps <= 8, clock.steps
