@@ -565,7 +565,7 @@ def _run_target(config: MatrixConfig, target: Target, concurrency: int) -> list[
     try:
         database.create()
         port = _free_port()
-        values = placeholders(HOST, port, workdir, database.url)
+        values = placeholders(HOST, port, workdir, database.url, config.token_delay_ms)
         values.update(target.prepare(workdir, config.tokens, config.token_delay_ms))
         extra_env = {token_times.ENV_VAR: str(times_dir)} if times_dir is not None else {}
         argv = _pinned(config.server_cpus, render_argv(target, values), config.nice)

@@ -92,10 +92,32 @@ class NaiveSettings:
     coalesce: int = 1
     model: str = "gpt-oss-20b"
     token_times_dir: Path | None = None
+    #: Pace the deltas as the ledger's scripted engine paces its tokens: all streams advance
+    #: together, one delta each per step of this many ms (0: as fast as possible).
+    token_delay_ms: float = 0.0
 
     @classmethod
-    def from_env(cls, coalesce: int = 1) -> NaiveSettings:
-        return cls(coalesce=coalesce, token_times_dir=token_times.directory_from_env())
+    def from_env(cls, coalesce: int = 1, token_delay_ms: float = 0.0) -> NaiveSettings:
+        return cls(
+            coalesce=coalesce,
+            token_times_dir=token_times.directory_from_env(),
+            token_delay_ms=token_delay_ms,
+        )
+
+
+_CLOCKS: dict[float, Any] = {}
+
+
+def _clock(token_delay_ms: float) -> Any:
+    """The step clock shared by every stream of this process (the ledger's engine's kind)."""
+    if not token_delay_ms:
+        return None
+    clock = _CLOCKS.get(token_delay_ms)
+    if clock is None:
+        from app.engines.echo import StepClock
+
+        clock = _CLOCKS[token_delay_ms] = StepClock(token_delay_ms / 1000)
+    return clock
 
 
 def _frame(event_type: str, payload: dict) -> bytes:
@@ -144,8 +166,9 @@ def _response_object(
 
 
 async def _events(
-    n: int, model: str, coalesce: int, times_dir: Path | None
+    n: int, model: str, coalesce: int, times_dir: Path | None, token_delay_ms: float = 0.0
 ) -> AsyncIterator[bytes]:
+    clock = _clock(token_delay_ms)
     response_id = "resp_" + uuid.uuid4().hex
     item_id = "msg_" + uuid.uuid4().hex
     created_at = int(time.time())
@@ -189,6 +212,8 @@ async def _events(
     seq = 4
     if coalesce <= 1:
         for i in range(n):
+            if clock is not None:
+                await clock.step()
             frame = template % (seq, words[i % nwords])
             if mark is not None:
                 mark()
@@ -197,6 +222,8 @@ async def _events(
     else:
         batch: list[bytes] = []
         for i in range(n):
+            if clock is not None:
+                await clock.step()
             batch.append(template % (seq, words[i % nwords]))
             if mark is not None:
                 mark()
@@ -280,7 +307,7 @@ def create_app(settings: NaiveSettings) -> Starlette:
             return _error(400, f"n must be between 0 and {MAX_TOKENS}")
         model = str(body.get("model") or settings.model)
         return EventSourceResponse(
-            _events(n, model, settings.coalesce, settings.token_times_dir),
+            _events(n, model, settings.coalesce, settings.token_times_dir, settings.token_delay_ms),
             headers={"Content-Type": "text/event-stream; charset=utf-8"},
         )
 
@@ -347,6 +374,7 @@ class _RawConnection(asyncio.Protocol):
             str(body.get("model") or self._settings.model),
             self._settings.coalesce,
             self._settings.token_times_dir,
+            self._settings.token_delay_ms,
         )
         async for frame in events:
             if self._closed:
@@ -379,6 +407,12 @@ def main(argv: list[str] | None = None) -> None:
         default=1,
         help="delta frames per write (default 1: one write per event)",
     )
+    parser.add_argument(
+        "--token-delay-ms",
+        type=float,
+        default=0.0,
+        help="pace the deltas: one per stream per step of this many ms (default 0)",
+    )
     parser.add_argument("--loop", default="auto", choices=["auto", "asyncio", "uvloop"])
     parser.add_argument("--http", default="auto", choices=["auto", "h11", "httptools"])
     parser.add_argument(
@@ -388,7 +422,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     if args.raw:
-        settings = NaiveSettings.from_env(coalesce=args.coalesce)
+        settings = NaiveSettings.from_env(coalesce=args.coalesce, token_delay_ms=args.token_delay_ms)
         try:
             if args.loop == "asyncio":
                 asyncio.run(_serve_raw(settings, args.host, args.port))
@@ -397,7 +431,7 @@ def main(argv: list[str] | None = None) -> None:
         except KeyboardInterrupt:
             pass
         return
-    app = create_app(NaiveSettings.from_env(coalesce=args.coalesce))
+    app = create_app(NaiveSettings.from_env(coalesce=args.coalesce, token_delay_ms=args.token_delay_ms))
     uvicorn.run(
         app,
         host=args.host,

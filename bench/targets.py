@@ -153,7 +153,10 @@ def _postgres_unavailable() -> str | None:
     return None
 
 
-_NAIVE = ("{python}", "-m", "bench.naive", "--host", "{host}", "--port", "{port}")
+_NAIVE = (
+    "{python}", "-m", "bench.naive", "--host", "{host}", "--port", "{port}",
+    "--token-delay-ms", "{token_delay_ms}",
+)  # fmt: skip
 _LEDGER = (
     "{python}",
     "-c",
@@ -230,8 +233,16 @@ def default_targets() -> list[Target]:
 DEFAULT_SELECTION = ("naive", "naive-c16", "ledger-sqlite", "ledger-postgres")
 
 
-def placeholders(host: str, port: int, workdir: Path, database_url: str | None) -> dict[str, str]:
-    values = {"python": sys.executable, "host": host, "port": str(port), "workdir": str(workdir)}
+def placeholders(
+    host: str, port: int, workdir: Path, database_url: str | None, token_delay_ms: float = 0.0
+) -> dict[str, str]:
+    values = {
+        "python": sys.executable,
+        "host": host,
+        "port": str(port),
+        "workdir": str(workdir),
+        "token_delay_ms": f"{token_delay_ms:g}",
+    }
     if database_url is not None:
         values["database_url"] = database_url
     return values
