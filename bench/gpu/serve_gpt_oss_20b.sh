@@ -99,7 +99,7 @@ trap - EXIT
 # -- 2. vLLM's own OpenAI server, and our engine without the server ------------------------------
 if [[ "$COMPARE" == 1 ]]; then
     echo "== vLLM's OpenAI server (/v1/completions) and VllmEngine in process =="
-    "$PYTHON" -m bench.vllm_frontend --model-dir "$MODEL_DIR" "${COMPARE_ARGS[@]}" \
+    "$PYTHON" -m bench.vllm_frontend --side both --model-dir "$MODEL_DIR" "${COMPARE_ARGS[@]}" \
         --max-model-len "$MAX_MODEL_LEN" --concurrency "$CONCURRENCY" --tokens "$TOKENS" \
         --startup-timeout "$STARTUP_TIMEOUT" | tee "$WORK/vllm.txt"
 fi
