@@ -123,6 +123,13 @@ class LogWriter:
         """Events pushed but not yet handed to the store (they wait for the commit in flight)."""
         return len(self._events)
 
+    async def handed_over(self) -> None:
+        """Wait until everything pushed so far has been handed to the store (durable or not):
+        a write submitted after this one commits in the same transaction or a later one."""
+        while self._events and self.error is None:
+            self._progress.clear()
+            await self._progress.wait()
+
     async def wait_for_commit(self) -> None:
         """Wait until the commit in flight is durable (backpressure for a fast engine)."""
         if self._inflight:

@@ -396,7 +396,10 @@ class ResponseService:
                 status, usage=usage, completed_at=_now(), error=error, incomplete_reason=reason
             )
             writer.push(builder.take())
-            # queued behind the terminal events, so both usually share one commit
+            # Queued right behind the terminal events (never before them: a crash cannot leave an
+            # audit "finish" for a log that recovery then closes otherwise), so both usually
+            # share one commit.
+            await writer.handed_over()
             output_audit = (
                 self.store.submit_audit(
                     run.id,

@@ -263,3 +263,50 @@ def test_a_response_the_store_cannot_take_is_a_500_not_an_empty_stream(stream: b
             server.base_url + "/v1/responses", json={"model": MODEL, "input": "hi", "store": False}, timeout=30
         )
         assert unstored.status_code == 200 and unstored.json()["status"] == "completed"
+
+
+class _SlowRecordingStore(MemoryStore):
+    """Commits take 20 ms (so events pile up behind a commit in flight); records the order in
+    which writes reach the store."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.order: list[str] = []
+
+    def _later(self, future: asyncio.Future[None]) -> asyncio.Future[None]:
+        slow: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def settle(_: object) -> None:
+            def copy() -> None:
+                if future.exception() is not None:
+                    slow.set_exception(future.exception())  # type: ignore[arg-type]
+                else:
+                    slow.set_result(None)
+
+            asyncio.get_running_loop().call_later(0.02, copy)
+
+        future.add_done_callback(settle)
+        return slow
+
+    def submit(self, response_id: str, events: Any, expected_seq: int) -> asyncio.Future[None]:
+        self.order.extend(e.type for e in events)
+        return self._later(super().submit(response_id, events, expected_seq))
+
+    def submit_audit(self, response_id: str, records: Any) -> asyncio.Future[None]:
+        self.order.extend(f"audit:{r.kind}" for r in records)
+        return self._later(super().submit_audit(response_id, records))
+
+
+def test_the_output_audit_never_reaches_the_store_before_the_terminal_event() -> None:
+    engine = ScriptedEngine(load_encoding(), [MODEL], {"turns": [{"completion": harmony(("final", "one two three four"))}]})
+    settings = Settings(engine="scripted", served_model_names=(MODEL,))
+    store = _SlowRecordingStore()
+    with serve(settings, engine=engine, store=store) as server:
+        r = httpx.post(server.base_url + "/v1/responses", json={"model": MODEL, "input": "hi"}, timeout=30)
+        assert r.status_code == 200 and r.json()["status"] == "completed"
+        deadline = time.monotonic() + 10
+        while "audit:finish" not in store.order and time.monotonic() < deadline:
+            time.sleep(0.01)
+    order = store.order
+    assert order.index("response.completed") < order.index("audit:output_token_ids") < order.index("audit:finish")
+    assert order.index("audit:prompt_token_ids") < order.index("response.completed")
