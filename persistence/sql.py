@@ -1,9 +1,12 @@
 """The event store on SQLite or PostgreSQL.
 
-Writes (``create_response``, ``submit``/``append``, ``append_audit``) all go through one
-``GroupCommit`` queue, so a streamed token never costs its own transaction: each batch is one
-transaction, written with ``executemany`` of pre-built parameter tuples (no ORM objects, no
-per-event SQL compilation, the caller's ``payload_json`` passed through verbatim).
+Writes (``create_response``/``submit_create``, ``submit``/``append``, ``append_audit``/
+``submit_audit``) all go through one ``GroupCommit`` queue, so a streamed token never costs its
+own transaction: each batch is one transaction, written with ``executemany`` of pre-built
+parameter tuples (no ORM objects, no per-event SQL compilation, the caller's ``payload_json``
+passed through verbatim). On SQLite the whole transaction runs as one function on the writer
+thread of :mod:`persistence.sqlite_writer` (plain ``sqlite3``); on PostgreSQL it goes through
+SQLAlchemy's async engine. Reads use SQLAlchemy on both.
 
 Validation happens before the batch writes anything. The store remembers the tail of every log
 it has written recently (next ``seq``, ended or not); a submission whose ``expected_seq`` is
