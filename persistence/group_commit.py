@@ -7,6 +7,9 @@ already ``max_batch`` heavy, or none at all while closing), then hands everythin
 ``flush``. While a flush runs, new writes pile up and form the next batch, so under load the
 batch size grows with the commit latency instead of the number of commits.
 
+A batch that piled up while the previous flush ran goes as soon as that flush ends (after one
+loop turn, so the writers it released can add what they held back): the flush was its window.
+
 ``flush`` owns the outcome of every item it receives and resolves each item's future. If it
 raises anyway, the items still pending are failed with ``StoreError`` so no caller waits for ever.
 """
@@ -80,16 +83,20 @@ class GroupCommit(Generic[P]):
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         batch: list[P] = []
+        # True right after a flush: what is pending then was written during that commit, which
+        # was a window long enough; it goes now, not one more window later.
+        carried = False
         try:
             while True:
                 if not self._pending:
                     if self._closing:
                         return
+                    carried = False
                     self._wake.clear()
                     await self._wake.wait()
                     continue
                 delay = self._first_at + self._window_s - loop.time()
-                if delay > 0 and not self._closing and self._weight < self._max_batch:
+                if delay > 0 and not carried and not self._closing and self._weight < self._max_batch:
                     self._full.clear()
                     try:
                         async with asyncio.timeout(delay):
@@ -103,6 +110,10 @@ class GroupCommit(Generic[P]):
                     _log.exception("group commit flush failed")
                     _fail(batch, f"commit failed: {exc!r}", exc)
                 batch = []
+                # One loop turn for the writers this commit just released (their futures'
+                # callbacks) to queue what they held back while it ran.
+                await asyncio.sleep(0)
+                carried = True
         except asyncio.CancelledError:
             self._closing = True
             _fail(batch, "the store's commit task was cancelled", None)
