@@ -128,3 +128,23 @@ def test_bad_settings_are_refused() -> None:
         GroupCommit(FakeFlush(), window_s=-1, max_batch=10)
     with pytest.raises(ValueError):
         GroupCommit(FakeFlush(), window_s=0, max_batch=0)
+
+
+async def test_writes_made_during_a_flush_go_right_after_it_not_a_window_later() -> None:
+    flush = FakeFlush()
+    flush.gate = asyncio.Event()
+    commits: GroupCommit[Item] = GroupCommit(flush, window_s=30.0, max_batch=1000)
+    first = Item("first")
+    commits.put(first)
+    commits._first_at -= 30.0  # its window is over: the first flush starts and waits at the gate
+    await asyncio.sleep(0.01)
+    during = Item("during")
+    commits.put(during)  # while the first flush runs
+    after = Item("after")
+    first.future.add_done_callback(lambda _: commits.put(after))  # a writer the flush released
+    flush.gate.set()
+    # a 30 s window would time this out: the second batch goes as soon as the first is done,
+    # and it includes what the released writer queued in reply
+    await asyncio.wait_for(asyncio.gather(during.future, after.future), timeout=5)
+    assert flush.batches == [["first"], ["during", "after"]]
+    await commits.close()
