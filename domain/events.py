@@ -305,7 +305,6 @@ _CLASSES: dict[str, type[Any]] = {
 }
 
 
-
 def fast_init(cls: type[Any]) -> None:
     """Give a frozen slots dataclass an ``__init__`` that sets each slot through its descriptor.
 

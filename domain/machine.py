@@ -197,6 +197,7 @@ def apply(state: LogState, event: Event) -> LogState:
             item is not None
             and e.sequence_number == state.next_seq
             and not state.terminal
+            and state.status is not None
             and item.item_id == e.item_id
             and item.output_index == e.output_index
             and item.item_type == item_type
