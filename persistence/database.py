@@ -19,6 +19,7 @@ PostgreSQL (through asyncpg) needs none of this; one engine serves readers and t
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any, Literal
 
@@ -99,6 +100,25 @@ def _postgres_engine(url: URL, *, role: Role, pool_size: int) -> AsyncEngine:
 _WAL = "PRAGMA journal_mode = WAL"
 
 
+def _switch_to_wal(cursor: Any, busy_timeout_ms: int) -> None:
+    """Put the file in WAL unless it is already. Two processes opening a new file at once can
+    both see it in rollback mode; the one that switches second may get "database is locked"
+    straight away (SQLite does not wait on its busy handler for this), by which time the file
+    is usually in WAL already: look again, and retry for up to ``busy_timeout_ms``."""
+    deadline = time.monotonic() + busy_timeout_ms / 1000
+    while True:
+        cursor.execute("PRAGMA journal_mode")
+        if str(cursor.fetchone()[0]).lower() == "wal":
+            return
+        try:
+            cursor.execute(_WAL)
+            return
+        except Exception as exc:  # the driver's OperationalError, as adapted by SQLAlchemy
+            if "locked" not in str(exc).lower() or time.monotonic() >= deadline:
+                raise
+        time.sleep(0.01)  # start-up only: blocking this process's loop briefly is fine
+
+
 def _sqlite_engine(
     url: URL, *, role: Role, synchronous: Synchronous, busy_timeout_ms: int, pool_size: int
 ) -> AsyncEngine:
@@ -131,9 +151,8 @@ def _sqlite_engine(
                 # locked" even with busy_timeout). WAL is a property of the file: switch only a
                 # file that is not in WAL yet. Migrations switch first, so a new file is in WAL
                 # before any long transaction starts.
-                cursor.execute("PRAGMA journal_mode")
-                if str(cursor.fetchone()[0]).lower() == "wal":
-                    continue
+                _switch_to_wal(cursor, busy_timeout_ms)
+                continue
             cursor.execute(pragma)
         cursor.close()
 
