@@ -107,6 +107,27 @@ async def _measure(
     )
 
 
+async def _cells(
+    side: str, args: argparse.Namespace, stream: Callable[[int], Awaitable[tuple[int, float]]]
+) -> list[Cell]:
+    """One warm-up stream, then a cell per concurrency level, printed as it is measured."""
+    await stream(10_000)
+    cells = []
+    for concurrency in args.concurrency:
+        cells.append(await _measure(side, concurrency, stream))
+        print(cells[-1].row(), flush=True)
+    return cells
+
+
+def _stop(proc: subprocess.Popen[bytes], timeout: float) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 # -- vLLM's OpenAI server ------------------------------------------------------------------------
 
 
@@ -213,19 +234,9 @@ async def run_frontend(
                     )
                 return tokens, first or 0.0
 
-            await stream(10_000)  # warm-up
-            cells = []
-            for concurrency in args.concurrency:
-                cells.append(await _measure("frontend", concurrency, stream))
-                print(cells[-1].row(), flush=True)
-            return cells
+            return await _cells("frontend", args, stream)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        _stop(proc, timeout=30)
 
 
 # -- our server, over HTTP ----------------------------------------------------------------------
@@ -311,11 +322,7 @@ async def run_ledger(
                     raise RuntimeError(f"ledger stream {index}: no terminal event with usage")
                 return tokens, first or 0.0
 
-            await stream(10_000)  # warm-up
-            cells = []
-            for concurrency in args.concurrency:
-                cells.append(await _measure("ledger", concurrency, stream))
-                print(cells[-1].row(), flush=True)
+            cells = await _cells("ledger", args, stream)
             prompts: dict[int, list[int]] = {}
             for index, response_id in response_ids.items():
                 log = (await client.get(f"{url}/v1/responses/{response_id}/events")).json()
@@ -323,12 +330,7 @@ async def run_ledger(
                 prompts[index] = record["token_ids"]
             return cells, prompts
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        _stop(proc, timeout=60)
 
 
 # -- our engine, in process ----------------------------------------------------------------------
@@ -378,12 +380,7 @@ async def run_engine(
                 raise RuntimeError(f"engine stream {index}: {tokens} tokens, not {args.tokens}")
             return tokens, first or 0.0
 
-        await stream(10_000)  # warm-up
-        cells = []
-        for concurrency in args.concurrency:
-            cells.append(await _measure("engine", concurrency, stream))
-            print(cells[-1].row(), flush=True)
-        return cells
+        return await _cells("engine", args, stream)
     finally:
         await engine.stop()
 

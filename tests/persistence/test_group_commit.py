@@ -60,13 +60,20 @@ async def test_a_full_batch_does_not_wait_for_the_window() -> None:
     await commits.close()
 
 
-async def test_items_queued_during_a_flush_form_the_next_batch() -> None:
+async def _flushing_first(window_s: float) -> tuple[FakeFlush, GroupCommit[Item], Item]:
+    """A group commit whose first flush (of item "first") is under way, held at the gate."""
     flush = FakeFlush()
     flush.gate = asyncio.Event()
-    commits: GroupCommit[Item] = GroupCommit(flush, window_s=0.0, max_batch=1000)
+    commits: GroupCommit[Item] = GroupCommit(flush, window_s=window_s, max_batch=1000)
     first = Item("first")
     commits.put(first)
+    commits._first_at -= window_s  # its window is over
     await asyncio.sleep(0.01)  # the flush of "first" is now blocked on the gate
+    return flush, commits, first
+
+
+async def test_items_queued_during_a_flush_form_the_next_batch() -> None:
+    flush, commits, first = await _flushing_first(0.0)
     later = [Item(f"later{i}") for i in range(5)]
     for item in later:
         commits.put(item)
@@ -131,13 +138,7 @@ def test_bad_settings_are_refused() -> None:
 
 
 async def test_writes_made_during_a_flush_go_right_after_it_not_a_window_later() -> None:
-    flush = FakeFlush()
-    flush.gate = asyncio.Event()
-    commits: GroupCommit[Item] = GroupCommit(flush, window_s=30.0, max_batch=1000)
-    first = Item("first")
-    commits.put(first)
-    commits._first_at -= 30.0  # its window is over: the first flush starts and waits at the gate
-    await asyncio.sleep(0.01)
+    flush, commits, first = await _flushing_first(30.0)
     during = Item("during")
     commits.put(during)  # while the first flush runs
     after = Item("after")
