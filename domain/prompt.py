@@ -729,9 +729,16 @@ def render_prompt(encoding: HarmonyEncoding, request: PromptRequest) -> Rendered
     )
 
 
+def _special_ids(encoding: HarmonyEncoding, token: str) -> list[int]:
+    """The id of a special token, as a one-element list. ``disallowed_special=()``: with
+    openai-harmony's default ("all others"), every ``encode`` call compiles a regex over the
+    ~3,000 special tokens (1.3 ms; a forced tool choice made five such calls per request)."""
+    return [int(t) for t in encoding.encode(token, allowed_special={token}, disallowed_special=())]
+
+
 def _required_prefill(encoding: HarmonyEncoding) -> Prefill:
     """``<|channel|>commentary to=functions.``: some tool must be called; the model names it."""
-    ids = [int(t) for t in encoding.encode("<|channel|>", allowed_special={"<|channel|>"})]
+    ids = _special_ids(encoding, "<|channel|>")
     ids.extend(int(t) for t in encoding.encode("commentary to=functions.", disallowed_special=()))
     return Prefill(
         channel="commentary",
@@ -759,10 +766,9 @@ def _prefill(encoding: HarmonyEncoding, tool: OfferedTool) -> Prefill:
     ids: list[int] = []
     for piece, special in pieces:
         if special:
-            encoded = encoding.encode(piece, allowed_special={piece})
+            ids.extend(_special_ids(encoding, piece))
         else:
-            encoded = encoding.encode(piece, disallowed_special=())
-        ids.extend(int(t) for t in encoded)
+            ids.extend(int(t) for t in encoding.encode(piece, disallowed_special=()))
     text = "".join(piece for piece, _ in pieces)
     return Prefill(
         channel="commentary",
