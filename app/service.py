@@ -345,20 +345,18 @@ class ResponseService:
             builder.in_progress()
             decoder = new_decoder()
             writer.push(builder.take())
-            prompt_audit = (
-                self.store.submit_audit(run.id, [AuditRecord("prompt_token_ids", tuple(prompt_ids))])
+            prompt_audit = (  # written while the engine runs, not before it starts
+                self._submit_audit(run.id, [AuditRecord("prompt_token_ids", tuple(prompt_ids))])
                 if run.store
                 else None
-            )  # written while the engine runs, not before it starts
-            if prompt_audit is not None:  # a failure is logged by the store; do not warn twice
-                prompt_audit.add_done_callback(_retrieve)
+            )
             try:
                 async for chunk in self.engine.generate(prompt_ids, sampling, run.engine_request_id):
                     if chunk.token_ids:
                         output_ids.extend(chunk.token_ids)
                         decoder.feed(chunk.token_ids)
                         writer.push(builder.take())
-                        if writer.backlog >= _MIN_BACKLOG and self._backlog.total >= _BACKLOG_BUDGET:
+                        if self._backlog.total >= _BACKLOG_BUDGET and writer.backlog >= _MIN_BACKLOG:
                             # engines faster than the log: let the commits catch up, so memory
                             # and the engine-to-client latency stay bounded
                             await writer.wait_for_commit()
@@ -401,7 +399,7 @@ class ResponseService:
             # share one commit.
             await writer.handed_over()
             output_audit = (
-                self.store.submit_audit(
+                self._submit_audit(
                     run.id,
                     [
                         AuditRecord("output_token_ids", tuple(output_ids)),
@@ -411,11 +409,7 @@ class ResponseService:
                 if run.store
                 else None
             )
-            try:
-                await writer.drain()
-            finally:
-                if output_audit is not None and not output_audit.done():
-                    output_audit.add_done_callback(_retrieve)
+            await writer.drain()
             run.final_response = final
             if prompt_audit is not None:
                 await prompt_audit
@@ -435,6 +429,13 @@ class ResponseService:
             run.finished.set()
             if run.final_response is None:
                 run.publish(Batch(0, (), terminal=True))  # wake stream readers: nothing more comes
+
+    def _submit_audit(self, response_id: str, records: list[AuditRecord]) -> asyncio.Future[None]:
+        """Queue audit records; whoever awaits the future sees a failure, and a future nobody
+        awaits any more (the run failed first) does not warn: the store has logged it."""
+        future = self.store.submit_audit(response_id, records)
+        future.add_done_callback(_retrieve)
+        return future
 
     @staticmethod
     def _finish_detail(reason: str, error: str | None, result: DecodeResult) -> dict[str, Any]:

@@ -12,6 +12,7 @@ import dataclasses
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from persistence.errors import ConcurrencyError, NotFound, StoreError
 from persistence.lifecycle import (
@@ -37,6 +38,19 @@ from persistence.store import Order, check_submission
 __all__ = ["MemoryStore"]
 
 
+def _settled(write: Callable[..., None], *args: Any) -> asyncio.Future[None]:
+    """Run ``write`` now and return its outcome as a done future: the store's refusals
+    (``StoreError``) are the future's exception, anything else is raised at once."""
+    future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    try:
+        write(*args)
+    except StoreError as exc:
+        future.set_exception(exc)
+    else:
+        future.set_result(None)
+    return future
+
+
 @dataclass(frozen=True, slots=True)
 class _Event:
     seq: int
@@ -44,7 +58,7 @@ class _Event:
     payload_json: str
 
     def stored(self) -> StoredEvent:
-        return StoredEvent(self.seq, self.type, json.loads(self.payload_json), self.payload_json)
+        return StoredEvent(self.seq, self.type, None, self.payload_json)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,14 +93,7 @@ class MemoryStore:
         await self.submit_create(new)
 
     def submit_create(self, new: NewResponse) -> asyncio.Future[None]:
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        try:
-            self._create(new)
-        except StoreError as exc:
-            future.set_exception(exc)
-        else:
-            future.set_result(None)
-        return future
+        return _settled(self._create, new)
 
     def _create(self, new: NewResponse) -> None:
         self._check_open()
@@ -122,14 +129,7 @@ class MemoryStore:
         self._check_open()
         check_submission(events, expected_seq)
         encoded = [_Event(e.seq, e.type, e.payload_text()) for e in events]
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        try:
-            self._append(response_id, events, encoded, expected_seq)
-        except StoreError as exc:
-            future.set_exception(exc)
-        else:
-            future.set_result(None)
-        return future
+        return _settled(self._append, response_id, events, encoded, expected_seq)
 
     def _append(
         self,
@@ -166,14 +166,7 @@ class MemoryStore:
     def submit_audit(
         self, response_id: str, records: Sequence[AuditRecord]
     ) -> asyncio.Future[None]:
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        try:
-            self._append_audit(response_id, records)
-        except StoreError as exc:
-            future.set_exception(exc)
-        else:
-            future.set_result(None)
-        return future
+        return _settled(self._append_audit, response_id, records)
 
     def _append_audit(self, response_id: str, records: Sequence[AuditRecord]) -> None:
         self._check_open()

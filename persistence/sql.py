@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
-import json
 import sqlite3
 import time
 from collections import OrderedDict
@@ -508,7 +507,7 @@ class SqlStore:
             query = query.limit(limit)
         async with self._read() as conn:
             rows = await conn.execute(query)
-            return [StoredEvent(seq, type_, json.loads(text), text) for seq, type_, text in rows]
+            return [StoredEvent(seq, type_, None, text) for seq, type_, text in rows]
 
     async def get(self, response_id: str) -> ResponseRow | None:
         self._check_open()
@@ -531,7 +530,7 @@ class SqlStore:
                 items[rid].append(item)
             events: dict[str, list[StoredEvent]] = {rid: [] for rid in ids}
             for rid, seq, type_, text in await conn.execute(_CHAIN_EVENTS, {"ids": ids}):
-                events[rid].append(StoredEvent(seq, type_, json.loads(text), text))
+                events[rid].append(StoredEvent(seq, type_, None, text))
         return [
             ChainLink(_response_row(link), items[link.id], events[link.id])
             for link in reversed(chain)

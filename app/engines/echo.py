@@ -70,7 +70,6 @@ async def stream_tokens(
     sampling: Sampling,
     *,
     aborted: asyncio.Event,
-    delay_s: float = 0.0,
     clock: StepClock | None = None,
     error: str | None = None,
     times: array | None = None,
@@ -79,9 +78,8 @@ async def stream_tokens(
 ) -> AsyncIterator[EngineChunk]:
     """Stream ``token_ids`` one at a time as an engine would: stop at a stop token, cut at
     ``max_tokens``, end early on abort, and end with ``error`` if one is given. ``times`` (when
-    given) gets the ``monotonic_ns`` of each token's yield; with ``delay_s``, each token waits
-    for the next step of ``clock`` (one of its own if none is given); ``before_last`` runs just before the
-    chunk that carries the finish reason; ``on_close`` once the stream ends or is closed."""
+    given) gets the ``monotonic_ns`` of each token's yield; with a ``clock``, each token waits for
+    its next step; ``before_last`` runs just before the chunk that carries the finish reason; ``on_close`` once the stream ends or is closed."""
 
     def last(chunk: EngineChunk) -> EngineChunk:
         if times is not None and chunk.token_ids:
@@ -90,8 +88,6 @@ async def stream_tokens(
             before_last()
         return chunk
 
-    if delay_s and clock is None:
-        clock = StepClock(delay_s)
     try:
         stops = set(sampling.stop_token_ids)
         limit = sampling.max_tokens
@@ -187,9 +183,7 @@ class EchoEngine:
         text, delay_s, error = self.completion_for(prompt_token_ids)
         clock = None
         if delay_s:
-            clock = self._clocks.get(delay_s)
-            if clock is None:
-                clock = self._clocks[delay_s] = StepClock(delay_s)
+            clock = self._clocks.get(delay_s) or self._clocks.setdefault(delay_s, StepClock(delay_s))
         tokens = self._tokens(text)
         aborted = self._aborted.setdefault(request_id, asyncio.Event())
         times = array("q") if self.token_times_dir is not None else None
@@ -203,7 +197,6 @@ class EchoEngine:
             tokens,
             sampling,
             aborted=aborted,
-            delay_s=delay_s,
             clock=clock,
             error=error,
             times=times,

@@ -98,7 +98,7 @@ async def test_paced_streams_share_steps_and_one_cancelled_stream_stops_no_other
 
     async def run(ids: list[int]) -> list[int]:
         got: list[int] = []
-        async for chunk in stream_tokens(ids, sampling, aborted=asyncio.Event(), delay_s=0.02, clock=clock):
+        async for chunk in stream_tokens(ids, sampling, aborted=asyncio.Event(), clock=clock):
             got.extend(chunk.token_ids)
         return got
 
