@@ -107,11 +107,10 @@ def _switch_to_wal(cursor: Any, busy_timeout_ms: int) -> None:
     is usually in WAL already: look again, and retry for up to ``busy_timeout_ms``."""
     deadline = time.monotonic() + busy_timeout_ms / 1000
     while True:
-        cursor.execute("PRAGMA journal_mode")
-        if str(cursor.fetchone()[0]).lower() == "wal":
-            return
         try:
-            cursor.execute(_WAL)
+            cursor.execute("PRAGMA journal_mode")
+            if str(cursor.fetchone()[0]).lower() != "wal":
+                cursor.execute(_WAL)
             return
         except Exception as exc:  # the driver's OperationalError, as adapted by SQLAlchemy
             if "locked" not in str(exc).lower() or time.monotonic() >= deadline:

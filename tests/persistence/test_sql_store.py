@@ -303,3 +303,39 @@ async def test_a_lost_database_fails_writes_instead_of_hanging() -> None:
     finally:
         await store.close()
         await drop_database(url)
+
+
+def test_the_wal_switch_waits_out_a_lock_that_fails_it_at_once(tmp_path: Path) -> None:
+    import threading
+
+    from persistence.database import _switch_to_wal
+
+    path = tmp_path / "new.db"
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    holder.execute("CREATE TABLE t (a)")
+    holder.execute("BEGIN EXCLUSIVE")  # another process migrating the new file
+    opener = sqlite3.connect(path, isolation_level=None)
+    opener.execute("PRAGMA busy_timeout = 0")  # the switch gets no busy wait from SQLite
+    with pytest.raises(sqlite3.OperationalError, match="locked"):
+        opener.execute("PRAGMA journal_mode = WAL")
+    release = threading.Timer(0.2, lambda: holder.execute("COMMIT"))
+    release.start()
+    try:
+        _switch_to_wal(opener.cursor(), busy_timeout_ms=10_000)
+        assert opener.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+    finally:
+        release.join()
+        holder.close()
+        opener.close()
+    # a lock that outlasts busy_timeout is still an error
+    other = tmp_path / "other.db"
+    holder = sqlite3.connect(other, isolation_level=None)
+    holder.execute("CREATE TABLE t (a)")
+    holder.execute("BEGIN EXCLUSIVE")
+    opener = sqlite3.connect(other, isolation_level=None, timeout=0)
+    try:
+        with pytest.raises(sqlite3.OperationalError, match="locked"):
+            _switch_to_wal(opener.cursor(), busy_timeout_ms=50)
+    finally:
+        holder.close()
+        opener.close()
