@@ -15,13 +15,11 @@ import argparse
 import asyncio
 import json
 import logging
-import os
 import sys
-from dataclasses import replace
 from typing import Any
 
 from app.engines.vllm import ENGINE_OPTION_NAMES, add_engine_arguments
-from app.settings import SERVE_GC_THRESHOLD, Settings
+from app.settings import Settings
 
 __all__ = ["main"]
 
@@ -68,6 +66,7 @@ def _serve(args: argparse.Namespace) -> None:
     if served:
         served = [name.strip() for item in served for name in item.split(",") if name.strip()]
     settings = Settings.from_env(
+        serving=True,
         host=args.host,
         port=args.port,
         database_url=args.database_url,
@@ -79,8 +78,6 @@ def _serve(args: argparse.Namespace) -> None:
         log_level=args.log_level,
         engine_options=engine_options or None,
     )
-    if "RESPONSES_LEDGER_GC_THRESHOLD" not in os.environ:
-        settings = replace(settings, gc_threshold=SERVE_GC_THRESHOLD)
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = create_app(settings)
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(),

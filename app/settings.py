@@ -94,7 +94,11 @@ class Settings:
         return ("gpt-oss-20b" if self.engine == "vllm" else f"gpt-oss-{self.engine}",)
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+    def from_env(
+        cls, environ: Mapping[str, str] | None = None, *, serving: bool = False, **overrides: Any
+    ) -> Settings:
+        """``serving``: for ``responses-ledger serve``, whose GC tuning defaults to
+        SERVE_GC_THRESHOLD (an app built in-process leaves the GC alone unless told)."""
         env = os.environ if environ is None else environ
         values: dict[str, Any] = {}
         simple = {
@@ -115,6 +119,8 @@ class Settings:
         }
         if env.get("RESPONSES_LEDGER_GC_THRESHOLD"):
             values["gc_threshold"] = _gc_threshold(env["RESPONSES_LEDGER_GC_THRESHOLD"])
+        elif serving:
+            values["gc_threshold"] = SERVE_GC_THRESHOLD
         for var, (name, convert) in simple.items():
             if env.get(var):
                 values[name] = convert(env[var])

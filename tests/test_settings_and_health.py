@@ -10,7 +10,7 @@ import pytest
 
 from app.encoding import load_encoding
 from app.engines.echo import EchoEngine
-from app.settings import Settings
+from app.settings import SERVE_GC_THRESHOLD, Settings
 from tests.support.server import serve
 
 
@@ -51,6 +51,8 @@ def test_gc_threshold_from_the_environment() -> None:
     assert Settings.from_env({"RESPONSES_LEDGER_GC_THRESHOLD": "50000,50,1000"}).gc_threshold == (50000, 50, 1000)
     assert Settings.from_env({"RESPONSES_LEDGER_GC_THRESHOLD": "python"}).gc_threshold is None
     assert Settings.from_env({}).gc_threshold is None  # an in-process app leaves the GC alone
+    assert Settings.from_env({}, serving=True).gc_threshold == SERVE_GC_THRESHOLD  # `serve` tunes it
+    assert Settings.from_env({"RESPONSES_LEDGER_GC_THRESHOLD": "python"}, serving=True).gc_threshold is None
     with pytest.raises(ValueError, match="gen0,gen1,gen2"):
         Settings.from_env({"RESPONSES_LEDGER_GC_THRESHOLD": "700,10"})
 
