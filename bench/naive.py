@@ -49,6 +49,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from app.engines.echo import StepClock
 from bench import token_times
 
 __all__ = ["NaiveSettings", "create_app", "main"]
@@ -92,32 +93,17 @@ class NaiveSettings:
     coalesce: int = 1
     model: str = "gpt-oss-20b"
     token_times_dir: Path | None = None
-    #: Pace the deltas as the ledger's scripted engine paces its tokens: all streams advance
-    #: together, one delta each per step of this many ms (0: as fast as possible).
-    token_delay_ms: float = 0.0
+    #: Paces the deltas as the ledger's scripted engine paces its tokens: all streams advance
+    #: together, one delta each per step (None: as fast as possible).
+    clock: StepClock | None = None
 
     @classmethod
     def from_env(cls, coalesce: int = 1, token_delay_ms: float = 0.0) -> NaiveSettings:
         return cls(
             coalesce=coalesce,
             token_times_dir=token_times.directory_from_env(),
-            token_delay_ms=token_delay_ms,
+            clock=StepClock(token_delay_ms / 1000) if token_delay_ms else None,
         )
-
-
-_CLOCKS: dict[float, Any] = {}
-
-
-def _clock(token_delay_ms: float) -> Any:
-    """The step clock shared by every stream of this process (the ledger's engine's kind)."""
-    if not token_delay_ms:
-        return None
-    clock = _CLOCKS.get(token_delay_ms)
-    if clock is None:
-        from app.engines.echo import StepClock
-
-        clock = _CLOCKS[token_delay_ms] = StepClock(token_delay_ms / 1000)
-    return clock
 
 
 def _frame(event_type: str, payload: dict) -> bytes:
@@ -166,9 +152,8 @@ def _response_object(
 
 
 async def _events(
-    n: int, model: str, coalesce: int, times_dir: Path | None, token_delay_ms: float = 0.0
+    n: int, model: str, coalesce: int, times_dir: Path | None, clock: StepClock | None = None
 ) -> AsyncIterator[bytes]:
-    clock = _clock(token_delay_ms)
     response_id = "resp_" + uuid.uuid4().hex
     item_id = "msg_" + uuid.uuid4().hex
     created_at = int(time.time())
@@ -307,7 +292,7 @@ def create_app(settings: NaiveSettings) -> Starlette:
             return _error(400, f"n must be between 0 and {MAX_TOKENS}")
         model = str(body.get("model") or settings.model)
         return EventSourceResponse(
-            _events(n, model, settings.coalesce, settings.token_times_dir, settings.token_delay_ms),
+            _events(n, model, settings.coalesce, settings.token_times_dir, settings.clock),
             headers={"Content-Type": "text/event-stream; charset=utf-8"},
         )
 
@@ -374,7 +359,7 @@ class _RawConnection(asyncio.Protocol):
             str(body.get("model") or self._settings.model),
             self._settings.coalesce,
             self._settings.token_times_dir,
-            self._settings.token_delay_ms,
+            self._settings.clock,
         )
         async for frame in events:
             if self._closed:
