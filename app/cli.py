@@ -92,7 +92,7 @@ async def _open(url: str | None) -> Any:
 
 
 async def _events(response_id: str, url: str | None, *, replay: bool) -> int:
-    from domain.projections import sse_frame
+    from app.live import stored_frames
 
     store = await _open(url)
     try:
@@ -102,8 +102,7 @@ async def _events(response_id: str, url: str | None, *, replay: bool) -> int:
         events = await store.load(response_id)
         out = sys.stdout.buffer
         if replay:
-            for e in events:
-                out.write(sse_frame(e.type, e.seq, e.payload_text()))
+            out.write(stored_frames(events))
         else:
             for e in events:
                 line = {"seq": e.seq, "type": e.type, "payload": e.payload}

@@ -21,7 +21,7 @@ from domain.events import TERMINAL_TYPES, Event
 from domain.projections import payload_json, sse_frame
 from persistence.records import StoredEvent
 
-__all__ = ["Backlog", "Batch", "LogWriter", "Run", "stored_event"]
+__all__ = ["Backlog", "Batch", "LogWriter", "Run", "stored_event", "stored_frames"]
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +85,11 @@ def stored_event(event: Event) -> StoredEvent:
     return StoredEvent(event.sequence_number, event.type, None, payload_json(event))
 
 
+def stored_frames(events: Sequence[StoredEvent]) -> bytes:
+    """The SSE bytes of stored events: what was streamed live, re-made from the log."""
+    return b"".join(sse_frame(e.type, e.seq, e.payload_text()) for e in events)
+
+
 class Backlog:
     """How many events all live responses have pushed and not yet handed to the store.
 
@@ -144,9 +149,9 @@ class LogWriter:
             raise self.error
         stored, frames = self._events, self._frames
         for event in events:
-            seq, type_, text = event.sequence_number, event.type, payload_json(event)
-            stored.append(StoredEvent(seq, type_, None, text))
-            frames.append(sse_frame(type_, seq, text))
+            record = stored_event(event)
+            stored.append(record)
+            frames.append(sse_frame(record.type, record.seq, record.payload_json))  # set by stored_event
         self._shared.total += len(events)
         if not self._inflight:
             self._flush()

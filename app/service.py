@@ -28,17 +28,17 @@ from openai_harmony import HarmonyEncoding
 
 from app.engines.protocol import Engine, EngineError, PromptTooLong, Sampling
 from app.errors import APIError, not_found
-from app.live import Backlog, Batch, LogWriter, Run, stored_event
+from app.live import Backlog, Batch, LogWriter, Run, stored_event, stored_frames
 from app.reasoning_crypto import ReasoningCipher
 from app.settings import Settings
 from app.wire import CreateResponse
 from domain.builder import ResponseBuilder, TerminalStatus, Usage
 from domain.decoder import DecodeResult, HarmonyDecoder
 from domain.events import TERMINAL_TYPES
-from domain.projections import fold, from_wire, output_as_input, sse_frame
+from domain.projections import fold, from_wire, output_as_input
 from domain.prompt import PromptRequest, RenderedPrompt, render_prompt
 from persistence.errors import NotFound
-from persistence.records import AuditRecord, NewResponse, StoredEvent
+from persistence.records import AuditRecord, NewResponse
 from persistence.store import EventStore
 
 __all__ = ["ResponseService", "new_id", "normalize_input"]
@@ -495,7 +495,7 @@ class ResponseService:
                 while True:
                     events = await self.store.load(response_id, after_seq=sent, limit=_PAGE)
                     if events:
-                        yield _frames(events)
+                        yield stored_frames(events)
                         sent = events[-1].seq
                         if events[-1].type in TERMINAL_TYPES:
                             return
@@ -520,7 +520,7 @@ class ResponseService:
                 await asyncio.sleep(0.1)
                 events = await self.store.load(response_id, after_seq=sent)
                 if events:
-                    yield _frames(events)
+                    yield stored_frames(events)
                     sent = events[-1].seq
                     if events[-1].type in TERMINAL_TYPES:
                         return
@@ -638,6 +638,3 @@ def _retrieve(future: asyncio.Future[None]) -> None:
         future.exception()
 
 
-def _frames(events: Sequence[StoredEvent]) -> bytes:
-    """The SSE bytes of stored events: what was streamed live, re-made from the log."""
-    return b"".join(sse_frame(e.type, e.seq, e.payload_text()) for e in events)
