@@ -121,6 +121,8 @@ class LogWriter:
         self._idle = asyncio.Event()
         self._idle.set()
         self._progress = asyncio.Event()
+        #: ``submit_after`` calls waiting for the events pushed before them to be handed over.
+        self._after: list[tuple[Callable[[], asyncio.Future[None]], asyncio.Future[None]]] = []
         self.error: BaseException | None = None
 
     @property
@@ -128,12 +130,20 @@ class LogWriter:
         """Events pushed but not yet handed to the store (they wait for the commit in flight)."""
         return len(self._events)
 
-    async def handed_over(self) -> None:
-        """Wait until everything pushed so far has been handed to the store (durable or not):
-        a write submitted after this one commits in the same transaction or a later one."""
-        while self._events and self.error is None:
-            self._progress.clear()
-            await self._progress.wait()
+    def submit_after(self, submit: Callable[[], asyncio.Future[None]]) -> asyncio.Future[None]:
+        """Call ``submit`` (another write to the store) right after everything pushed so far
+        is handed to the store, in the same turn, so it joins their commit unless that commit
+        is already full; never before them (a crash cannot leave it without them). Returns a
+        future for its outcome; if the events cannot be written, ``submit`` is never called
+        and the future fails with their error."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if self.error is not None:
+            future.set_exception(self.error)
+        elif not self._events:
+            _chain(submit(), future)
+        else:
+            self._after.append((submit, future))
+        return future
 
     async def wait_for_commit(self) -> None:
         """Wait until the commit in flight is durable (backpressure for a fast engine)."""
@@ -175,6 +185,10 @@ class LogWriter:
         future = self._submit_fn(self._run.id, events, self._next_seq)
         self._next_seq += len(events)
         future.add_done_callback(lambda f: self._durable(f, batch))
+        if self._after:  # everything pushed before them is handed over now
+            after, self._after = self._after, []
+            for submit, outer in after:
+                _chain(submit(), outer)
 
     def _durable(self, future: asyncio.Future[None], batch: Batch) -> None:
         self._progress.set()
@@ -187,6 +201,9 @@ class LogWriter:
             self._run.error = self.error
             self._shared.total -= len(self._events)  # never to be written
             self._events, self._frames = [], []
+            after, self._after = self._after, []
+            for _, outer in after:
+                outer.set_exception(self.error)
             self._inflight = False
             self._idle.set()
             return
@@ -198,3 +215,19 @@ class LogWriter:
         await self._idle.wait()
         if self.error is not None:
             raise self.error
+
+
+def _chain(inner: asyncio.Future[None], outer: asyncio.Future[None]) -> None:
+    """Resolve ``outer`` as ``inner`` resolves."""
+
+    def copy(done: asyncio.Future[None]) -> None:
+        if outer.done():
+            return
+        if done.cancelled():
+            outer.cancel()
+        elif done.exception() is not None:
+            outer.set_exception(done.exception())  # type: ignore[arg-type]
+        else:
+            outer.set_result(None)
+
+    inner.add_done_callback(copy)

@@ -394,21 +394,20 @@ class ResponseService:
                 status, usage=usage, completed_at=_now(), error=error, incomplete_reason=reason
             )
             writer.push(builder.take())
-            # Queued right behind the terminal events (never before them: a crash cannot leave an
-            # audit "finish" for a log that recovery then closes otherwise), so both usually
-            # share one commit.
-            await writer.handed_over()
+            # Queued right behind the terminal events, in the same turn, so both share one
+            # commit; never before them (a crash cannot leave an audit "finish" for a log that
+            # recovery then closes otherwise).
+            output_records = [
+                AuditRecord("output_token_ids", tuple(output_ids)),
+                AuditRecord("finish", detail=self._finish_detail(finish_reason, engine_error, result)),
+            ]
             output_audit = (
-                self._submit_audit(
-                    run.id,
-                    [
-                        AuditRecord("output_token_ids", tuple(output_ids)),
-                        AuditRecord("finish", detail=self._finish_detail(finish_reason, engine_error, result)),
-                    ],
-                )
+                writer.submit_after(functools.partial(self._submit_audit, run.id, output_records))
                 if run.store
                 else None
             )
+            if output_audit is not None:
+                output_audit.add_done_callback(_retrieve)
             await writer.drain()
             run.final_response = final
             if prompt_audit is not None:

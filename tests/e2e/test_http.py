@@ -310,3 +310,25 @@ def test_the_output_audit_never_reaches_the_store_before_the_terminal_event() ->
     order = store.order
     assert order.index("response.completed") < order.index("audit:output_token_ids") < order.index("audit:finish")
     assert order.index("audit:prompt_token_ids") < order.index("response.completed")
+
+
+def test_a_short_response_costs_two_commits(tmp_path: Any) -> None:
+    """The response row, response.created and the prompt audit share the first commit; the
+    rest of the log, the terminal event and the output audit the second (the audit rides
+    behind the terminal event instead of taking a commit of its own)."""
+    engine = ScriptedEngine(load_encoding(), [MODEL], {"turns": [{"completion": harmony(("final", "one two three four"))}]})
+    settings = Settings(
+        engine="scripted",
+        served_model_names=(MODEL,),
+        database_url=f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}",
+    )
+    with serve(settings, engine=engine) as server:
+        stats = lambda: server.service.store.stats  # noqa: E731
+        before = stats()
+        r = httpx.post(server.base_url + "/v1/responses", json={"model": MODEL, "input": "hi"}, timeout=30)
+        assert r.status_code == 200 and r.json()["status"] == "completed"
+        after = stats()
+        audit = httpx.get(f"{server.base_url}/v1/responses/{r.json()['id']}/events", timeout=30).json()["audit"]
+    assert [a["kind"] for a in audit] == ["prompt_token_ids", "output_token_ids", "finish"]
+    assert after.transactions - before.transactions == 2
+    assert after.writes - before.writes == 5  # create, prompt audit, two appends, output audit
