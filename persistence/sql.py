@@ -5,8 +5,10 @@ Writes (``create_response``/``submit_create``, ``submit``/``append``, ``append_a
 own transaction: each batch is one transaction, written with ``executemany`` of pre-built
 parameter tuples (no ORM objects, no per-event SQL compilation, the caller's ``payload_json``
 passed through verbatim). On SQLite the whole transaction runs as one function on the writer
-thread of :mod:`persistence.sqlite_writer` (plain ``sqlite3``); on PostgreSQL it goes through
-SQLAlchemy's async engine. Reads use SQLAlchemy on both.
+thread of :mod:`persistence.sqlite_writer` (plain ``sqlite3``); on PostgreSQL it runs on the
+asyncpg connection under a pooled SQLAlchemy connection, with the inserts as binary ``COPY``
+(a 500-event commit 5.6 -> 3.4 ms, 9.5 -> 5.5 us of PostgreSQL CPU per row against
+``executemany``; SQLAlchemy added ~0.3 ms per statement on top). Reads use SQLAlchemy on both.
 
 Validation happens before the batch writes anything. The store remembers the tail of every log
 it has written recently (next ``seq``, ended or not); a submission whose ``expected_seq`` is
@@ -33,6 +35,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
+import asyncpg
 from sqlalchemy import (
     Integer,
     Text,
@@ -82,6 +85,19 @@ from persistence.sqlite_writer import SqliteWriter
 from persistence.store import Order, check_submission
 
 __all__ = ["CommitStats", "SqlStore", "open_store"]
+
+# What each driver raises when a batch's rows are refused (a constraint or the data itself: the
+# batch is retried one write at a time), when a constraint is violated, and when it fails otherwise.
+_REFUSED = (
+    IntegrityError,
+    DataError,
+    sqlite3.IntegrityError,
+    sqlite3.DataError,
+    asyncpg.IntegrityConstraintViolationError,
+    asyncpg.DataError,
+)
+_CONSTRAINT = (IntegrityError, sqlite3.IntegrityError, asyncpg.IntegrityConstraintViolationError)
+_FAILED = (SQLAlchemyError, sqlite3.Error, asyncpg.PostgresError, asyncpg.InterfaceError, OSError)
 
 # A chain longer than this is treated as a cycle (previous_response_id is never edited, so a
 # real cycle cannot be written through the API, but a hand-edited database could hold one).
@@ -188,7 +204,7 @@ class _Plan:
     many events they hold."""
 
     outcomes: list[StoreError | None]
-    statements: list[tuple[str, list[tuple[Any, ...]]]]
+    statements: list[tuple[_Statement, list[tuple[Any, ...]]]]
     events: int
 
 
@@ -345,13 +361,13 @@ class SqlStore:
     async def _commit(self, batch: list[_Write]) -> None:
         try:
             outcomes = await self._write(batch, fresh=False)
-        except (IntegrityError, DataError, sqlite3.IntegrityError, sqlite3.DataError):
+        except _REFUSED:
             # One submission's rows were refused: find out which, and commit the others.
             self._forget(batch)
             for write in batch:
                 await self._commit_alone(write)
             return
-        except (SQLAlchemyError, sqlite3.Error, OSError) as exc:
+        except _FAILED as exc:
             self._forget(batch)
             for write in batch:
                 _settle(write, _store_error(exc))
@@ -362,10 +378,10 @@ class SqlStore:
     async def _commit_alone(self, write: _Write) -> None:
         try:
             (outcome,) = await self._write([write], fresh=True)
-        except (IntegrityError, sqlite3.IntegrityError) as exc:
+        except _CONSTRAINT as exc:
             self._forget([write])
             outcome = _integrity_error(write.response_id, exc)
-        except (SQLAlchemyError, sqlite3.Error, OSError) as exc:
+        except _FAILED as exc:
             self._forget([write])
             outcome = _store_error(exc)
         _settle(write, outcome)
@@ -379,13 +395,8 @@ class SqlStore:
                 functools.partial(self._write_direct, batch, tails, unknown)
             )
         else:
-            async with self._writer.begin() as conn:
-                if unknown:
-                    found = await conn.execute(_TAILS, {"ids": unknown})
-                    _found_tails(tails, unknown, found)
-                plan = self._plan(batch, tails)
-                for sql, rows in plan.statements:
-                    await conn.exec_driver_sql(sql, rows)
+            async with self._writer.connect() as conn:
+                plan = await self._write_postgres(conn, batch, tails, unknown)
         self._stats = CommitStats(
             self._stats.transactions + 1,
             self._stats.writes + plan.outcomes.count(None),
@@ -395,6 +406,37 @@ class SqlStore:
             if tail is not None:
                 self._remember(rid, tail)
         return plan.outcomes
+
+    async def _write_postgres(
+        self,
+        conn: AsyncConnection,
+        batch: list[_Write],
+        tails: dict[str, _Tail | None],
+        unknown: list[str],
+    ) -> _Plan:
+        """``_write``'s transaction on PostgreSQL, on the asyncpg connection itself (SQLAlchemy
+        never starts a transaction on ``conn``, so it has nothing to roll back when the
+        connection goes back to the pool)."""
+        raw = (await conn.get_raw_connection()).driver_connection
+        assert raw is not None  # a live pooled connection
+        try:
+            async with raw.transaction():
+                if unknown:
+                    marks = ", ".join(f"${i}" for i in range(1, len(unknown) + 1))
+                    _found_tails(tails, unknown, await raw.fetch(_TAILS.format(marks=marks), *unknown))
+                plan = self._plan(batch, tails)
+                for statement, rows in plan.statements:
+                    if statement.columns:
+                        await raw.copy_records_to_table(
+                            statement.table, records=rows, columns=statement.columns
+                        )
+                    else:
+                        await raw.executemany(statement.sql, rows)
+        except BaseException as exc:
+            if raw.is_closed() or isinstance(exc, asyncpg.InterfaceError | OSError):
+                await conn.invalidate()  # unusable or in doubt: do not pool it again
+            raise
+        return plan
 
     def _write_direct(
         self,
@@ -406,17 +448,19 @@ class SqlStore:
         """``_write``'s transaction on the SQLite writer thread (see ``persistence.sqlite_writer``)."""
         if unknown:
             marks = ", ".join("?" * len(unknown))
-            _found_tails(tails, unknown, conn.execute(_SQLITE_TAILS.format(marks=marks), unknown))
+            _found_tails(tails, unknown, conn.execute(_TAILS.format(marks=marks), unknown))
         plan = self._plan(batch, tails)
-        for sql, rows in plan.statements:
-            conn.executemany(sql, rows)
+        for statement, rows in plan.statements:
+            conn.executemany(statement.sql, rows)
         return plan
 
     def _cached_tails(
         self, batch: list[_Write], *, fresh: bool
     ) -> tuple[dict[str, _Tail | None], list[str]]:
         """The tails of the logs the batch touches that the cache knows (none if ``fresh``),
-        and the ids it does not know."""
+        and the ids it does not know. A response the batch creates before anything else
+        touches it has no log yet: no query (if its row exists after all, the insert fails and
+        the writes are retried one by one, with ``fresh`` tails)."""
         tails: dict[str, _Tail | None] = {}
         unknown: list[str] = []
         for write in batch:
@@ -426,6 +470,8 @@ class SqlStore:
             known = None if fresh else self._tails.get(rid)
             if known is not None:
                 tails[rid] = known
+            elif isinstance(write, _Create) and not fresh:
+                tails[rid] = None
             else:
                 unknown.append(rid)
         return tails, unknown
@@ -471,8 +517,8 @@ class SqlStore:
                     updates[rid] = write.update
             outcomes.append(None)
         statements = [
-            (sql, rows)
-            for sql, rows in (
+            (statement, rows)
+            for statement, rows in (
                 (self._sql.insert_response, creates),
                 (self._sql.insert_input_item, items),
                 (self._sql.insert_event, events),
@@ -601,13 +647,24 @@ class SqlStore:
             raise StoreError("the store is closed")
 
 
+@dataclass(frozen=True, slots=True)
+class _Statement:
+    """A write statement; an insert also names its table and columns (PostgreSQL copies the
+    rows in instead of running ``sql`` for each)."""
+
+    sql: str
+    table: str = ""
+    columns: tuple[str, ...] = ()
+
+
 class _Statements:
     """The write path's SQL, for ``exec_driver_sql`` with tuples of parameters."""
 
     def __init__(self, *, postgres: bool) -> None:
-        def insert(table: str, columns: tuple[str, ...]) -> str:
+        def insert(table: str, columns: tuple[str, ...]) -> _Statement:
             marks = ", ".join(f"${i}" if postgres else "?" for i in range(1, len(columns) + 1))
-            return f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({marks})"
+            sql = f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({marks})"
+            return _Statement(sql, table, columns)
 
         self.insert_response = insert(
             "responses",
@@ -637,7 +694,7 @@ class _Statements:
             f"{name} = {f'${i}' if postgres else '?'}" for i, name in enumerate(columns, 1)
         )
         where = f"${len(columns) + 1}" if postgres else "?"
-        self.update_response = f"UPDATE responses SET {sets} WHERE id = {where}"
+        self.update_response = _Statement(f"UPDATE responses SET {sets} WHERE id = {where}")
 
 
 def _settle(write: _Write, outcome: StoreError | None) -> None:
@@ -702,17 +759,9 @@ _LAST_SEQ = (
     .scalar_subquery()
     .label("last_seq")
 )
-_LAST_TYPE = (
-    select(_e.c.type)
-    .where(_e.c.response_id == _r.c.id)
-    .order_by(_e.c.seq.desc())
-    .limit(1)
-    .scalar_subquery()
-    .label("last_type")
-)
-_TAILS = select(_r.c.id, _LAST_SEQ, _LAST_TYPE).where(_r.c.id.in_(bindparam("ids", expanding=True)))
-# The same on the SQLite writer thread, in plain SQL ({marks}: one ? per id).
-_SQLITE_TAILS = (
+# The writers' look-up of logs they do not know, in plain SQL for sqlite3 and asyncpg ({marks}: one
+# placeholder per id).
+_TAILS = (
     "SELECT r.id,"
     " (SELECT coalesce(max(e.seq), -1) FROM response_events AS e WHERE e.response_id = r.id),"
     " (SELECT e.type FROM response_events AS e WHERE e.response_id = r.id"

@@ -305,6 +305,37 @@ async def test_a_lost_database_fails_writes_instead_of_hanging() -> None:
         await drop_database(url)
 
 
+@pytest.mark.postgres
+async def test_a_killed_postgres_connection_is_replaced() -> None:
+    """The writer's connection dies between commits (a restart, a failover, an operator's
+    pg_terminate_backend): the pool must not hand it out again, so writes resume."""
+    reason = await unavailable()
+    if reason is not None:
+        pytest.skip(reason)
+    url = await create_database("ledger_killed")
+    store = await open_store(url, migrate=True)
+    try:
+        rid = await _started(store)
+        await _execute(
+            url,
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()",
+        )
+        seq = 1
+        for _ in range(2):  # the first may still meet the dead connection
+            try:
+                await store.append(rid, [delta(seq, "after")], seq)
+                seq += 1
+                break
+            except StoreError:
+                continue
+        await store.append(rid, [delta(seq, "again")], seq)
+        assert [e.seq for e in await store.load(rid)] == list(range(seq + 1))
+    finally:
+        await store.close()
+        await drop_database(url)
+
+
 def test_the_wal_switch_waits_out_a_lock_that_fails_it_at_once(tmp_path: Path) -> None:
     import threading
 
