@@ -12,6 +12,7 @@ events produced during the previous one, and every subscriber gets one write per
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -21,23 +22,59 @@ from domain.events import TERMINAL_TYPES, Event
 from domain.projections import payload_json, sse_frame
 from persistence.records import StoredEvent
 
-__all__ = ["Backlog", "Batch", "LogWriter", "Run", "stored_event", "stored_frames"]
+__all__ = ["Backlog", "Batch", "LogWriter", "Run", "Subscription", "stored_event", "stored_frames"]
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
 class Batch:
     """Consecutive events made durable together: ``frames[i]`` is the SSE frame of seq
-    ``first_seq + i``."""
+    ``first_seq + i``. (A plain slots class: one is made per commit per response, per token
+    when an engine paces its tokens, and a frozen dataclass's ``__init__`` costs twice as much.)"""
 
-    first_seq: int
-    frames: Sequence[bytes]
-    terminal: bool
+    __slots__ = ("first_seq", "frames", "terminal")
+
+    def __init__(self, first_seq: int, frames: Sequence[bytes], terminal: bool) -> None:
+        self.first_seq = first_seq
+        self.frames = frames
+        self.terminal = terminal
 
     @property
     def last_seq(self) -> int:
         return self.first_seq + len(self.frames) - 1
+
+
+class Subscription:
+    """One reader's queue of published batches: what ``asyncio.Queue`` does here (put without
+    waiting, get or wait, empty), without its size bookkeeping or a future per ``get``."""
+
+    __slots__ = ("_batches", "_waiter")
+
+    def __init__(self) -> None:
+        self._batches: collections.deque[Batch] = collections.deque()
+        self._waiter: asyncio.Future[None] | None = None
+
+    def put_nowait(self, batch: Batch) -> None:
+        self._batches.append(batch)
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def empty(self) -> bool:
+        return not self._batches
+
+    async def get(self) -> Batch:
+        while not self._batches:
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiter = waiter
+            try:
+                await waiter
+            finally:
+                if self._waiter is waiter:
+                    self._waiter = None
+        return self._batches.popleft()
 
 
 @dataclass(eq=False)
@@ -46,7 +83,7 @@ class Run:
     store: bool
     background: bool
     engine_request_id: str
-    subscribers: set[asyncio.Queue[Batch]] = field(default_factory=set)
+    subscribers: set[Subscription] = field(default_factory=set)
     #: Set once the terminal event is durable (and published).
     finished: asyncio.Event = field(default_factory=asyncio.Event)
     #: Set once response.created (and queued) are durable and published, or the run failed
@@ -57,18 +94,18 @@ class Run:
     cancel_requested: bool = False
     task: asyncio.Task[None] | None = None
     #: The creating request's subscription, taken before generation starts (stream=true).
-    first_queue: asyncio.Queue[Batch] | None = None
+    first_queue: Subscription | None = None
     #: Why the run could not write its log (the store failed); None while all is well.
     error: BaseException | None = None
     #: Some of its events were durable and published.
     published: bool = False
 
-    def subscribe(self) -> asyncio.Queue[Batch]:
-        queue: asyncio.Queue[Batch] = asyncio.Queue()
+    def subscribe(self) -> Subscription:
+        queue = Subscription()
         self.subscribers.add(queue)
         return queue
 
-    def unsubscribe(self, queue: asyncio.Queue[Batch]) -> None:
+    def unsubscribe(self, queue: Subscription) -> None:
         self.subscribers.discard(queue)
 
     def publish(self, batch: Batch) -> None:

@@ -28,7 +28,7 @@ from openai_harmony import HarmonyEncoding
 
 from app.engines.protocol import Engine, EngineError, PromptTooLong, Sampling
 from app.errors import APIError, not_found
-from app.live import Backlog, Batch, LogWriter, Run, stored_event, stored_frames
+from app.live import Backlog, Batch, LogWriter, Run, Subscription, stored_event, stored_frames
 from app.reasoning_crypto import ReasoningCipher
 from app.settings import Settings
 from app.wire import CreateResponse
@@ -473,7 +473,7 @@ class ResponseService:
         return fold(from_wire(e.type, e.seq, e.payload) for e in events)
 
     async def stream(
-        self, response_id: str, after: int = -1, *, run: Run | None = None, queue: asyncio.Queue[Batch] | None = None
+        self, response_id: str, after: int = -1, *, run: Run | None = None, queue: Subscription | None = None
     ) -> AsyncIterator[bytes]:
         """SSE bytes of the log after ``after``, then the live events until the terminal one.
 
@@ -509,9 +509,11 @@ class ResponseService:
                     if run is not None and run.finished.is_set() and queue.empty():
                         return  # the run died without a terminal event (its store failed)
                     batch: Batch = await queue.get()
+                    frames = batch.frames
                     skip = sent + 1 - batch.first_seq
-                    if skip < len(batch.frames):
-                        yield b"".join(batch.frames[max(skip, 0) :])
+                    if skip < len(frames):
+                        # one frame (an engine pacing its tokens): no join
+                        yield frames[0] if skip <= 0 and len(frames) == 1 else b"".join(frames[max(skip, 0) :])
                         sent = batch.last_seq
                     if batch.terminal:
                         return

@@ -33,7 +33,7 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import asyncpg
 from sqlalchemy import (
@@ -162,15 +162,16 @@ class CommitStats:
     events: int  # events committed
 
 
-@dataclass(frozen=True, slots=True)
-class _Tail:
+class _Tail(NamedTuple):
     """What the writer must know about a log: the next seq and whether it has ended."""
 
     next_seq: int
     ended: bool
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+# The queued writes. Not frozen: one is made per submission (per token when an engine paces its
+# tokens), and a frozen dataclass's __init__ costs about twice as much.
+@dataclass(slots=True, eq=False)
 class _Create:
     response_id: str
     row: tuple[Any, ...]
@@ -178,7 +179,7 @@ class _Create:
     future: asyncio.Future[None]
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+@dataclass(slots=True, eq=False)
 class _Append:
     response_id: str
     expected_seq: int
@@ -188,7 +189,7 @@ class _Append:
     future: asyncio.Future[None]
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+@dataclass(slots=True, eq=False)
 class _Audit:
     response_id: str
     rows: list[tuple[Any, ...]]
