@@ -1267,3 +1267,27 @@ def test_codex_replay_reasoning_items_have_content_and_null_encrypted_content() 
     reasoning = [item for item in _codex_items() if item.get("type") == "reasoning"]
     assert reasoning and all(r["encrypted_content"] is None and r["content"] for r in reasoning)
     assert any(str(item.get("id", "")).startswith("fco_") for item in _codex_items())
+
+
+def _harmony_whole(encoding: Any, messages: Sequence[Message], head: int) -> list[int]:
+    """Harmony's own rendering of the whole conversation, no per-message cache."""
+    from openai_harmony import RenderConversationConfig
+
+    return list(
+        encoding.render_conversation_for_completion(
+            Conversation.from_messages(list(messages)), Role.ASSISTANT, RenderConversationConfig(auto_drop_analysis=False)
+        )
+    )
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in FIXTURES.glob("*.json")))
+def test_rendering_message_by_message_matches_harmony_rendering_the_whole_conversation(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    body = _fixture(name)
+    # a developer message mid-conversation, tools offered, history with calls and outputs
+    body["input"] = [*body["input"], {"role": "developer", "content": "Be brief."}, {"role": "user", "content": "Go on."}]
+    cached = [render_prompt(ENC, _request(body)).token_ids for _ in range(2)]  # cold, then warm
+    monkeypatch.setattr("domain.prompt.render_messages", _harmony_whole)
+    whole = render_prompt(ENC, _request(body)).token_ids
+    assert cached[0] == cached[1] == whole
