@@ -65,8 +65,11 @@ class Settings:
     served_model_names: tuple[str, ...] = ()
     #: Extra accepted names: alias -> served name.
     model_aliases: Mapping[str, str] = field(default_factory=dict)
-    #: Group-commit window: events are made durable at most this long after they are produced.
-    commit_window_ms: float = 2.0
+    #: Group-commit window: how long a commit waits for company after the first write of an idle
+    #: spell. 0: it goes at the next turn of the event loop, with everything queued in that turn;
+    #: writes that arrive while a commit runs go together right after it either way. A window
+    #: only added latency (paced 64 streams: p50 4.4-4.7 -> 3.0-3.6 ms at 0, throughput unchanged).
+    commit_window_ms: float = 0.0
     #: Key for encrypted reasoning (base64, 32 bytes). Default: generated once, kept in the DB.
     reasoning_key: str | None = None
     #: Close responses left in progress by a previous process at start-up.

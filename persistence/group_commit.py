@@ -3,7 +3,8 @@
 Streaming a response appends an event per token, and a commit costs an fsync (SQLite) or a
 round trip and a WAL flush (PostgreSQL). So writes are queued and a single task flushes the
 queue in batches: it waits ``window_s`` after the first write of a batch (less if the batch is
-already ``max_batch`` heavy, or none at all while closing), then hands everything pending to
+already ``max_batch`` heavy, or none at all while closing; with no window, one turn of the event
+loop, so writes made by tasks already scheduled join), then hands everything pending to
 ``flush``. While a flush runs, new writes pile up and form the next batch, so under load the
 batch size grows with the commit latency instead of the number of commits.
 
@@ -96,13 +97,19 @@ class GroupCommit(Generic[P]):
                     await self._wake.wait()
                     continue
                 delay = self._first_at + self._window_s - loop.time()
-                if delay > 0 and not carried and not self._closing and self._weight < self._max_batch:
-                    self._full.clear()
-                    try:
-                        async with asyncio.timeout(delay):
-                            await self._full.wait()
-                    except TimeoutError:
-                        pass
+                if not carried and not self._closing and self._weight < self._max_batch:
+                    if delay > 0:
+                        self._full.clear()
+                        try:
+                            async with asyncio.timeout(delay):
+                                await self._full.wait()
+                        except TimeoutError:
+                            pass
+                    else:
+                        # No window (left): still one loop turn, for the tasks already scheduled
+                        # in this one (a new response's generation task queues its first events
+                        # and its prompt audit right behind the response row).
+                        await asyncio.sleep(0)
                 batch, self._pending, self._weight = self._pending, [], 0
                 try:
                     await self._flush(batch)

@@ -107,7 +107,7 @@ _MAX_CHAIN = 100_000
 async def open_store(
     database_url: str,
     *,
-    commit_window_ms: float = 2.0,
+    commit_window_ms: float = 0.0,
     max_batch_events: int = 1024,
     sqlite_synchronous: Synchronous = "FULL",
     busy_timeout_ms: int = 5000,
@@ -226,7 +226,7 @@ class SqlStore:
         writer: AsyncEngine,
         reader: AsyncEngine,
         *,
-        commit_window_ms: float = 2.0,
+        commit_window_ms: float = 0.0,
         max_batch_events: int = 1024,
         tail_cache_size: int = 65_536,
         clock: Callable[[], float] = time.time,
