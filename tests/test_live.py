@@ -1,0 +1,108 @@
+"""The live pipeline of one response (app.live): persist, then publish, and what may follow the
+terminal events into their commit."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import pytest
+
+from app.live import LogWriter, Run, Subscription
+from domain.events import OutputTextDelta
+from persistence.errors import StoreError
+from persistence.records import StoredEvent
+
+
+class _Store:
+    """Records every submission in order; the test settles each one by hand."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self.futures: list[asyncio.Future[None]] = []
+
+    def submit(self, response_id: str, events: Sequence[StoredEvent], expected_seq: int) -> asyncio.Future[None]:
+        self.calls.append(f"events {events[0].seq}-{events[-1].seq}")
+        return self._future()
+
+    def audit(self) -> asyncio.Future[None]:
+        self.calls.append("audit")
+        return self._future()
+
+    def _future(self) -> asyncio.Future[None]:
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.futures.append(future)
+        return future
+
+
+def _delta(seq: int) -> OutputTextDelta:
+    return OutputTextDelta(seq, "msg_1", 0, 0, f"t{seq}")
+
+
+def _writer(store: _Store) -> tuple[LogWriter, Run]:
+    run = Run(id="resp_1", store=True, background=False, engine_request_id="resp_1")
+    return LogWriter(run, store.submit), run
+
+
+async def test_what_is_submitted_after_goes_right_behind_the_events_pushed_before_it() -> None:
+    store = _Store()
+    writer, _ = _writer(store)
+    writer.push([_delta(0)])  # goes at once: nothing in flight
+    writer.push([_delta(1), _delta(2)])  # waits for the commit in flight
+    audit = writer.submit_after(store.audit)
+    assert store.calls == ["events 0-0"]  # not before the events it follows
+    store.futures[0].set_result(None)
+    await asyncio.sleep(0)
+    assert store.calls == ["events 0-0", "events 1-2", "audit"]  # in the same turn: one commit
+    store.futures[1].set_result(None)
+    store.futures[2].set_result(None)
+    await audit
+    await writer.drain()
+
+
+async def test_with_nothing_waiting_it_is_submitted_at_once() -> None:
+    store = _Store()
+    writer, _ = _writer(store)
+    writer.push([_delta(0)])
+    audit = writer.submit_after(store.audit)
+    assert store.calls == ["events 0-0", "audit"]
+    store.futures[1].set_exception(StoreError("disk full"))
+    with pytest.raises(StoreError, match="disk full"):
+        await audit
+
+
+async def test_if_the_events_cannot_be_written_it_is_never_submitted() -> None:
+    store = _Store()
+    writer, run = _writer(store)
+    writer.push([_delta(0)])
+    writer.push([_delta(1)])
+    audit = writer.submit_after(store.audit)
+    store.futures[0].set_exception(StoreError("disk full"))
+    with pytest.raises(StoreError, match="disk full"):
+        await audit
+    assert store.calls == ["events 0-0"]
+    assert isinstance(run.error, StoreError)
+    later = writer.submit_after(store.audit)  # after the failure: refused at once
+    with pytest.raises(StoreError):
+        await later
+    assert store.calls == ["events 0-0"]
+
+
+async def test_a_subscription_hands_over_batches_in_order_and_survives_a_cancelled_wait() -> None:
+    store = _Store()
+    writer, run = _writer(store)
+    queue: Subscription = run.subscribe()
+    waiting = asyncio.ensure_future(queue.get())
+    await asyncio.sleep(0)
+    waiting.cancel()  # a reader that gave up: nothing is lost for the next get
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    writer.push([_delta(0)])
+    store.futures[0].set_result(None)
+    writer.push([_delta(1)])
+    await asyncio.sleep(0)
+    store.futures[1].set_result(None)
+    await asyncio.sleep(0)
+    first, second = await queue.get(), await queue.get()
+    assert (first.first_seq, second.first_seq) == (0, 1)
+    assert queue.empty()
