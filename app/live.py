@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from typing import Any
 from domain.events import TERMINAL_TYPES, Event
 from domain.projections import payload_json, sse_frame
 from persistence.records import StoredEvent
+from persistence.store import Done
 
 __all__ = ["Backlog", "Batch", "LogWriter", "Run", "Subscription", "stored_event", "stored_frames"]
 
@@ -145,7 +147,7 @@ class LogWriter:
     def __init__(
         self,
         run: Run,
-        submit: Callable[[str, Sequence[StoredEvent], int], asyncio.Future[None]] | None,
+        submit: Callable[[str, Sequence[StoredEvent], int, Done], None] | None,
         backlog: Backlog | None = None,
     ) -> None:
         self._run = run
@@ -219,21 +221,18 @@ class LogWriter:
             return
         self._inflight = True
         self._idle.clear()
-        future = self._submit_fn(self._run.id, events, self._next_seq)
+        # the store calls back later, from its commit (never from inside this call)
+        self._submit_fn(self._run.id, events, self._next_seq, functools.partial(self._durable, batch))
         self._next_seq += len(events)
-        future.add_done_callback(lambda f: self._durable(f, batch))
         if self._after:  # everything pushed before them is handed over now
             after, self._after = self._after, []
             for submit, outer in after:
                 _chain(submit(), outer)
 
-    def _durable(self, future: asyncio.Future[None], batch: Batch) -> None:
+    def _durable(self, batch: Batch, error: BaseException | None) -> None:
         self._progress.set()
-        if future.cancelled():
-            self.error = asyncio.CancelledError()
-        elif future.exception() is not None:
-            self.error = future.exception()
-        if self.error is not None:
+        if error is not None:
+            self.error = error
             log.error("response %s: log write failed: %r", self._run.id, self.error)
             self._run.error = self.error
             self._shared.total -= len(self._events)  # never to be written

@@ -330,7 +330,7 @@ class ResponseService:
     ) -> None:
         """``forced_call``: ``tool_choice`` was ``required`` or named, so a turn that ends without
         calling a tool is not accepted as an answer: it ends ``failed`` (its text is kept)."""
-        writer = LogWriter(run, self.store.submit if run.store else None, self._backlog)
+        writer = LogWriter(run, self.store.submit_then if run.store else None, self._backlog)
         finish_reason: str | None = None
         engine_error: str | None = None
         cached = 0

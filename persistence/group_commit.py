@@ -20,18 +20,29 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 from persistence.errors import StoreError
 
-__all__ = ["GroupCommit", "Pending"]
+__all__ = ["GroupCommit", "Outcome", "Pending"]
 
 _log = logging.getLogger(__name__)
 
 
+class Outcome(Protocol):
+    """How a queued write's outcome is reported: an ``asyncio.Future``, or anything that settles
+    the same way (a callback's stand-in)."""
+
+    def done(self) -> bool: ...
+
+    def set_result(self, result: None, /) -> None: ...
+
+    def set_exception(self, exception: BaseException, /) -> None: ...
+
+
 class Pending(Protocol):
     @property
-    def future(self) -> asyncio.Future[Any]: ...
+    def future(self) -> Outcome: ...
 
 
 P = TypeVar("P", bound=Pending)

@@ -33,7 +33,7 @@ from persistence.records import (
     pack_token_ids,
     unpack_token_ids,
 )
-from persistence.store import Order, check_submission
+from persistence.store import Done, Order, check_submission, then
 
 __all__ = ["MemoryStore"]
 
@@ -130,6 +130,11 @@ class MemoryStore:
         check_submission(events, expected_seq)
         encoded = [_Event(e.seq, e.type, e.payload_text()) for e in events]
         return _settled(self._append, response_id, events, encoded, expected_seq)
+
+    def submit_then(
+        self, response_id: str, events: Sequence[StoredEvent], expected_seq: int, done: Done
+    ) -> None:
+        then(self.submit(response_id, events, expected_seq), done)
 
     def _append(
         self,

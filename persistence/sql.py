@@ -52,7 +52,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from persistence.database import Synchronous, create_engine, sqlite_path
 from persistence.errors import ConcurrencyError, NotFound, StoreError
-from persistence.group_commit import GroupCommit
+from persistence.group_commit import GroupCommit, Outcome
 from persistence.lifecycle import (
     OUTPUT_ITEM_DONE,
     TERMINAL_EVENT_TYPES,
@@ -82,7 +82,7 @@ from persistence.schema import (
     server_secrets,
 )
 from persistence.sqlite_writer import SqliteWriter
-from persistence.store import Order, check_submission
+from persistence.store import Completion, Done, Order, check_submission
 
 __all__ = ["CommitStats", "SqlStore", "open_store"]
 
@@ -186,7 +186,7 @@ class _Append:
     rows: list[tuple[Any, ...]]
     ends: bool
     update: tuple[Any, ...] | None  # the responses row change, ready for the UPDATE
-    future: asyncio.Future[None]
+    future: Outcome  # an asyncio future, or the Completion of a submit_then
 
 
 @dataclass(slots=True, eq=False)
@@ -278,6 +278,18 @@ class SqlStore:
     def submit(
         self, response_id: str, events: Sequence[StoredEvent], expected_seq: int
     ) -> asyncio.Future[None]:
+        future = asyncio.get_running_loop().create_future()
+        self._queue_append(response_id, events, expected_seq, future)
+        return future
+
+    def submit_then(
+        self, response_id: str, events: Sequence[StoredEvent], expected_seq: int, done: Done
+    ) -> None:
+        self._queue_append(response_id, events, expected_seq, Completion(done))
+
+    def _queue_append(
+        self, response_id: str, events: Sequence[StoredEvent], expected_seq: int, outcome: Outcome
+    ) -> None:
         self._check_open()
         check_submission(events, expected_seq)
         recorded_at = self._clock()
@@ -285,17 +297,15 @@ class SqlStore:
         update: RowUpdate | None = None
         for event in events:
             update = row_update(event) or update
-        future = asyncio.get_running_loop().create_future()
         write = _Append(
             response_id,
             expected_seq,
             rows,
             events[-1].type in TERMINAL_EVENT_TYPES,
             None if update is None else (*dataclasses.astuple(update), response_id),
-            future,
+            outcome,
         )
         self._commits.put(write, weight=len(rows))
-        return future
 
     async def append(
         self, response_id: str, events: Sequence[StoredEvent], expected_seq: int
@@ -699,12 +709,13 @@ class _Statements:
 
 
 def _settle(write: _Write, outcome: StoreError | None) -> None:
-    if write.future.done():  # the caller cancelled its wait; the write stands regardless
+    future = write.future
+    if future.done():  # the caller cancelled its wait; the write stands regardless
         return
     if outcome is None:
-        write.future.set_result(None)
+        future.set_result(None)
     else:
-        write.future.set_exception(outcome)
+        future.set_exception(outcome)
 
 
 def _store_error(exc: BaseException) -> StoreError:

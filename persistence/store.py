@@ -16,6 +16,11 @@ Writes:
   for one response commit in submission order, and one that fails makes the later ones for the
   same response fail too (their ``expected_seq`` is no longer next). A submission is written
   even if its future is cancelled: an append-only log cannot take it back.
+- ``submit_then(response_id, events, expected_seq, done)`` is ``submit`` with a callback instead
+  of a future: ``done(None)`` once the events are durable, ``done(error)`` with what the future
+  would raise. ``done`` runs later on the event loop, never inside ``submit_then``; an exception
+  it raises is logged, never let into the store. (No future and no loop callback per submission:
+  an engine that paces its tokens makes one submission per token per response.)
 - Malformed submissions (seqs not contiguous from ``expected_seq``, an event after a terminal
   event, a payload that is not JSON) are programming errors: ``submit`` raises ``ValueError``
   (or ``TypeError``) at once.
@@ -26,6 +31,7 @@ Reads return copies: mutating what ``load`` returns never changes the log.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Sequence
 from typing import Literal, Protocol
 
@@ -39,9 +45,50 @@ from persistence.records import (
     StoredEvent,
 )
 
-__all__ = ["EventStore", "Order", "check_submission"]
+__all__ = ["Completion", "Done", "EventStore", "Order", "check_submission", "then"]
 
 Order = Literal["asc", "desc"]
+#: A ``submit_then`` callback: None once durable, else the error.
+Done = Callable[[BaseException | None], None]
+
+_log = logging.getLogger(__name__)
+
+
+class Completion:
+    """What a store settles in place of a submission's future when it was made with
+    ``submit_then``: settling it calls ``done`` at once. The store settles it from its commit
+    task, never inside ``submit_then``."""
+
+    __slots__ = ("_done", "_settled")
+
+    def __init__(self, done: Done) -> None:
+        self._done = done
+        self._settled = False
+
+    def done(self) -> bool:
+        return self._settled
+
+    def set_result(self, result: None, /) -> None:
+        self._call(None)
+
+    def set_exception(self, exception: BaseException, /) -> None:
+        self._call(exception)
+
+    def _call(self, error: BaseException | None) -> None:
+        self._settled = True
+        try:
+            self._done(error)
+        except Exception:  # the writer's bug, not the store's: the other writes still settle
+            _log.exception("a submission's completion callback failed")
+
+
+def then(future: asyncio.Future[None], done: Done) -> None:
+    """``submit_then`` for a store whose ``submit`` returns a future."""
+
+    def call(settled: asyncio.Future[None]) -> None:
+        done(asyncio.CancelledError() if settled.cancelled() else settled.exception())
+
+    future.add_done_callback(call)
 
 
 class EventStore(Protocol):
@@ -56,6 +103,10 @@ class EventStore(Protocol):
     def submit(
         self, response_id: str, events: Sequence[StoredEvent], expected_seq: int
     ) -> asyncio.Future[None]: ...
+
+    def submit_then(
+        self, response_id: str, events: Sequence[StoredEvent], expected_seq: int, done: Done
+    ) -> None: ...
 
     async def append(
         self, response_id: str, events: Sequence[StoredEvent], expected_seq: int

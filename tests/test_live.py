@@ -12,27 +12,35 @@ from app.live import LogWriter, Run, Subscription
 from domain.events import OutputTextDelta
 from persistence.errors import StoreError
 from persistence.records import StoredEvent
+from persistence.store import Done
 
 
 class _Store:
-    """Records every submission in order; the test settles each one by hand."""
+    """Records every submission in order; the test settles each one by hand (``settle``)."""
 
     def __init__(self) -> None:
         self.calls: list[str] = []
-        self.futures: list[asyncio.Future[None]] = []
+        self.pending: list[Done | asyncio.Future[None]] = []
 
-    def submit(self, response_id: str, events: Sequence[StoredEvent], expected_seq: int) -> asyncio.Future[None]:
+    def submit_then(self, response_id: str, events: Sequence[StoredEvent], expected_seq: int, done: Done) -> None:
         self.calls.append(f"events {events[0].seq}-{events[-1].seq}")
-        return self._future()
+        self.pending.append(done)
 
     def audit(self) -> asyncio.Future[None]:
         self.calls.append("audit")
-        return self._future()
-
-    def _future(self) -> asyncio.Future[None]:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.futures.append(future)
+        self.pending.append(future)
         return future
+
+    def settle(self, index: int, error: BaseException | None = None) -> None:
+        pending = self.pending[index]
+        if isinstance(pending, asyncio.Future):
+            if error is None:
+                pending.set_result(None)
+            else:
+                pending.set_exception(error)
+        else:
+            asyncio.get_running_loop().call_soon(pending, error)  # later, as a store does
 
 
 def _delta(seq: int) -> OutputTextDelta:
@@ -41,7 +49,7 @@ def _delta(seq: int) -> OutputTextDelta:
 
 def _writer(store: _Store) -> tuple[LogWriter, Run]:
     run = Run(id="resp_1", store=True, background=False, engine_request_id="resp_1")
-    return LogWriter(run, store.submit), run
+    return LogWriter(run, store.submit_then), run
 
 
 async def test_what_is_submitted_after_goes_right_behind_the_events_pushed_before_it() -> None:
@@ -51,11 +59,11 @@ async def test_what_is_submitted_after_goes_right_behind_the_events_pushed_befor
     writer.push([_delta(1), _delta(2)])  # waits for the commit in flight
     audit = writer.submit_after(store.audit)
     assert store.calls == ["events 0-0"]  # not before the events it follows
-    store.futures[0].set_result(None)
+    store.settle(0)
     await asyncio.sleep(0)
     assert store.calls == ["events 0-0", "events 1-2", "audit"]  # in the same turn: one commit
-    store.futures[1].set_result(None)
-    store.futures[2].set_result(None)
+    store.settle(1)
+    store.settle(2)
     await audit
     await writer.drain()
 
@@ -66,7 +74,7 @@ async def test_with_nothing_waiting_it_is_submitted_at_once() -> None:
     writer.push([_delta(0)])
     audit = writer.submit_after(store.audit)
     assert store.calls == ["events 0-0", "audit"]
-    store.futures[1].set_exception(StoreError("disk full"))
+    store.settle(1, StoreError("disk full"))
     with pytest.raises(StoreError, match="disk full"):
         await audit
 
@@ -77,7 +85,7 @@ async def test_if_the_events_cannot_be_written_it_is_never_submitted() -> None:
     writer.push([_delta(0)])
     writer.push([_delta(1)])
     audit = writer.submit_after(store.audit)
-    store.futures[0].set_exception(StoreError("disk full"))
+    store.settle(0, StoreError("disk full"))
     with pytest.raises(StoreError, match="disk full"):
         await audit
     assert store.calls == ["events 0-0"]
@@ -98,10 +106,10 @@ async def test_a_subscription_hands_over_batches_in_order_and_survives_a_cancell
     with pytest.raises(asyncio.CancelledError):
         await waiting
     writer.push([_delta(0)])
-    store.futures[0].set_result(None)
+    store.settle(0)
     writer.push([_delta(1)])
     await asyncio.sleep(0)
-    store.futures[1].set_result(None)
+    store.settle(1)
     await asyncio.sleep(0)
     first, second = await queue.get(), await queue.get()
     assert (first.first_seq, second.first_seq) == (0, 1)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+from collections.abc import Callable
 
 import pytest
 
@@ -77,6 +78,34 @@ class EventStoreContract:
         with pytest.raises(NotFound):
             await orphan
         assert await store.get(other.id) is None
+
+    async def test_submit_then_calls_back_later_with_the_outcome(self, store: EventStore) -> None:
+        """...and a callback that raises does not keep the others in its commit from settling."""
+        rid = await _started(store)
+        other = await _started(store)
+        outcomes: list[tuple[str, BaseException | None]] = []
+        settled = asyncio.Event()
+
+        def done(name: str) -> Callable[[BaseException | None], None]:
+            def record(error: BaseException | None) -> None:
+                outcomes.append((name, error))
+                if len(outcomes) == 3:
+                    settled.set()
+                if name == "raises":
+                    raise RuntimeError("a writer's bug")
+
+            return record
+
+        store.submit_then(rid, [delta(1, "a")], 1, done("raises"))
+        store.submit_then(rid, [delta(1, "again")], 1, done("conflict"))  # seq 1 is taken
+        store.submit_then(other, [delta(1, "b")], 1, done("fine"))
+        assert outcomes == []  # never from inside submit_then
+        await asyncio.wait_for(settled.wait(), 10)
+        by_name = dict(outcomes)
+        assert by_name["raises"] is None and by_name["fine"] is None
+        assert isinstance(by_name["conflict"], ConcurrencyError)
+        assert [e.payload.get("delta") for e in await store.load(rid)] == [None, "a"]
+        assert [e.payload.get("delta") for e in await store.load(other)] == [None, "b"]
 
     async def test_foreground_response_starts_in_progress(self, store: EventStore) -> None:
         new = new_response(background=False)
