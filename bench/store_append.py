@@ -1,7 +1,7 @@
 """How fast the SQL store appends streamed events, and how much room each event takes.
 
     python bench/store_append.py                      # SQLite (FULL and NORMAL) and PostgreSQL
-    python bench/store_append.py --backend sqlite --writers 64 --events 300 --window-ms 2
+    python bench/store_append.py --backend sqlite --writers 64 --events 300 --window-ms 0
 
 Each of ``--writers`` concurrent writers owns one response and appends ``--events`` small
 ``response.output_text.delta`` events (~150 bytes of JSON, pre-serialised as the service does)
@@ -204,7 +204,7 @@ async def main() -> None:
     parser.add_argument("--synchronous", choices=["FULL", "NORMAL", "both"], default="both")
     parser.add_argument("--writers", type=int, default=64)
     parser.add_argument("--events", type=int, default=300, help="events per writer")
-    parser.add_argument("--window-ms", type=float, default=2.0)
+    parser.add_argument("--window-ms", type=float, default=0.0, help="group-commit window (the server default: 0)")
     parser.add_argument("--mode", choices=["wait", "pipelined", "both"], default="both")
     parser.add_argument("--postgres-admin-dsn", default="postgresql://postgres@127.0.0.1:5432/test")
     args = parser.parse_args()

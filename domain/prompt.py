@@ -766,6 +766,11 @@ def render_messages(encoding: HarmonyEncoding, messages: Sequence[Message], head
     return token_ids
 
 
+def forget_rendered() -> None:
+    """Empty the cache of rendered messages (benchmarks time the cold path with it)."""
+    _RENDERED.clear()
+
+
 def _rendered(key: tuple[str, str], render: Callable[[], Sequence[int]]) -> tuple[int, ...]:
     found = _RENDERED.get(key)
     if found is not None:
