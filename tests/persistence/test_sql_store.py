@@ -4,7 +4,9 @@ guarantee in the database itself, compact audit storage, failure without hanging
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import asyncpg
@@ -285,14 +287,24 @@ def test_in_memory_sqlite_is_refused() -> None:
         asyncio.run(open_store("sqlite+aiosqlite:///:memory:", migrate=False))
 
 
-@pytest.mark.postgres
-async def test_a_lost_database_fails_writes_instead_of_hanging() -> None:
+@contextlib.asynccontextmanager
+async def _postgres_store(prefix: str) -> AsyncIterator[tuple[str, SqlStore]]:
+    """A store on a PostgreSQL database of its own, dropped afterwards."""
     reason = await unavailable()
     if reason is not None:
         pytest.skip(reason)
-    url = await create_database("ledger_lost")
+    url = await create_database(prefix)
     store = await open_store(url, migrate=True)
     try:
+        yield url, store
+    finally:
+        await store.close()
+        await drop_database(url)
+
+
+@pytest.mark.postgres
+async def test_a_lost_database_fails_writes_instead_of_hanging() -> None:
+    async with _postgres_store("ledger_lost") as (url, store):
         rid = await _started(store)
         await drop_database(url)
         async with asyncio.timeout(30):
@@ -300,21 +312,13 @@ async def test_a_lost_database_fails_writes_instead_of_hanging() -> None:
                 await store.append(rid, [delta(1)], 1)
             with pytest.raises(StoreError):
                 await store.get(rid)
-    finally:
-        await store.close()
-        await drop_database(url)
 
 
 @pytest.mark.postgres
 async def test_a_killed_postgres_connection_is_replaced() -> None:
     """The writer's connection dies between commits (a restart, a failover, an operator's
     pg_terminate_backend): the pool must not hand it out again, so writes resume."""
-    reason = await unavailable()
-    if reason is not None:
-        pytest.skip(reason)
-    url = await create_database("ledger_killed")
-    store = await open_store(url, migrate=True)
-    try:
+    async with _postgres_store("ledger_killed") as (url, store):
         rid = await _started(store)
         await _execute(
             url,
@@ -331,9 +335,6 @@ async def test_a_killed_postgres_connection_is_replaced() -> None:
                 continue
         await store.append(rid, [delta(seq, "again")], seq)
         assert [e.seq for e in await store.load(rid)] == list(range(seq + 1))
-    finally:
-        await store.close()
-        await drop_database(url)
 
 
 def test_the_wal_switch_waits_out_a_lock_that_fails_it_at_once(tmp_path: Path) -> None:
