@@ -199,3 +199,43 @@ def test_part_must_close_before_item() -> None:
 
 def test_created_with_a_terminal_status_is_rejected() -> None:
     _expect("bad_status_transition", INITIAL, ResponseCreated(0, response_skeleton(status="completed")))
+
+
+def _outcome(state: LogState, event: Event) -> LogState | str:
+    try:
+        return apply(state, event)
+    except InvariantViolation as error:
+        return error.rule
+
+
+def test_the_per_token_path_agrees_with_the_general_rules(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``apply`` checks a text delta in one condition before the general rules: every delta of a
+    valid log, and each way of breaking one, must come out the same through both (the rule it
+    breaks, or the same next state)."""
+    log = _valid_log()
+    cases: list[tuple[LogState, Event]] = []
+    for index, event in enumerate(log):
+        if not isinstance(event, OutputTextDelta | ReasoningTextDelta):
+            continue
+        state = _state_before(log, index)
+        other = ReasoningTextDelta if isinstance(event, OutputTextDelta) else OutputTextDelta
+        swapped = other(event.sequence_number, event.item_id, event.output_index, event.content_index, event.delta)
+        cases += [
+            (state, event),
+            (state, swapped),  # the wrong kind of delta for the open item
+            (state, replace(event, sequence_number=event.sequence_number + 1)),
+            (state, replace(event, item_id="msg_other")),
+            (state, replace(event, output_index=event.output_index + 1)),
+            (state, replace(event, content_index=event.content_index + 1)),
+            (INITIAL, replace(event, sequence_number=0)),  # before response.created
+            (check_log(log), replace(event, sequence_number=len(log))),  # after the terminal event
+        ]
+    text_done = _index_of(log, OutputTextDone)
+    late = next(e for e in log if isinstance(e, OutputTextDelta))
+    cases.append((_state_before(log, text_done + 1), replace(late, sequence_number=text_done + 1)))
+
+    fast = [_outcome(state, event) for state, event in cases]
+    monkeypatch.setattr("domain.machine._TEXT_DELTAS", {})  # only the general rules now
+    general = [_outcome(state, event) for state, event in cases]
+    assert fast == general
+    assert sum(isinstance(o, str) for o in fast) >= len(cases) // 2  # the broken ones do break
