@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from domain.events import TERMINAL_TYPES, Event
-from domain.projections import payload_json, sse_frame
+from domain.projections import payload_and_json, sse_frame
 from persistence.records import StoredEvent
 from persistence.store import Done
 
@@ -119,9 +119,11 @@ class Run:
 
 
 def stored_event(event: Event) -> StoredEvent:
-    """The store's record of an event: its JSON text, made once (the SSE frame reuses it); the
-    payload dict is parsed from it only if someone asks."""
-    return StoredEvent(event.sequence_number, event.type, None, payload_json(event))
+    """The store's record of an event: its JSON text, made once (the SSE frame reuses it), and
+    the payload object where making the text built it anyway (a delta's is parsed from the text
+    only if someone asks)."""
+    obj, text = payload_and_json(event)
+    return StoredEvent(event.sequence_number, event.type, obj, text)
 
 
 def stored_frames(events: Sequence[StoredEvent]) -> bytes:

@@ -40,6 +40,7 @@ __all__ = [
     "from_wire",
     "output_as_input",
     "payload",
+    "payload_and_json",
     "payload_json",
     "sse_frame",
     "to_sse",
@@ -77,26 +78,35 @@ def payload(event: Event) -> Json:
 
 def payload_json(event: Event) -> str:
     """``payload(event)`` as compact JSON text; deltas take a fast path (no dict, no encoder)."""
+    return payload_and_json(event)[1]
+
+
+def payload_and_json(event: Event) -> tuple[Json | None, str]:
+    """``payload(event)`` and its JSON text; the object only where it is built on the way to the
+    text (every event but the deltas, whose text is written directly), so whoever needs both
+    (the store reads a lifecycle event's status) does not parse the text back."""
     cls = type(event)
     if cls is OutputTextDelta or cls is ReasoningTextDelta:
         e: Any = event
         if cls is ReasoningTextDelta:
             tail = "}"
         elif e.logprobs:
-            return _dumps(payload(event))
+            obj = payload(event)
+            return obj, _dumps(obj)
         else:
             tail = ',"logprobs":[]}'
-        return (
+        return None, (
             f'{{"item_id":"{e.item_id}","output_index":{e.output_index},'
             f'"content_index":{e.content_index},"delta":{_encode_str(e.delta)}{tail}'
         )
     if cls is FunctionCallArgumentsDelta or cls is CustomToolCallInputDelta:
         e = event
-        return (
+        return None, (
             f'{{"item_id":"{e.item_id}","output_index":{e.output_index},'
             f'"delta":{_encode_str(e.delta)}}}'
         )
-    return _dumps(payload(event))
+    obj = payload(event)
+    return obj, _dumps(obj)
 
 
 def sse_frame(type_: str, seq: int, payload_json_: str) -> bytes:

@@ -4,11 +4,12 @@ terminal events into their commit."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Sequence
 
 import pytest
 
-from app.live import LogWriter, Run, Subscription
+from app.live import LogWriter, Run, Subscription, stored_event
 from domain.events import OutputTextDelta
 from persistence.errors import StoreError
 from persistence.records import StoredEvent
@@ -114,3 +115,27 @@ async def test_a_subscription_hands_over_batches_in_order_and_survives_a_cancell
     first, second = await queue.get(), await queue.get()
     assert (first.first_seq, second.first_seq) == (0, 1)
     assert queue.empty()
+
+
+def test_a_stored_event_carries_the_payload_its_text_says() -> None:
+    """The record of every kind of event: its text is the wire payload, and where the object
+    comes along (so the store need not parse a lifecycle event back) it is that same payload."""
+    from domain.builder import Usage
+    from domain.projections import payload
+    from tests.domain.factories import make_builder
+
+    b = make_builder()
+    b.created()
+    b.in_progress()
+    b.open_reasoning()
+    b.append("think")
+    b.open_message()
+    b.append("Hel")
+    b.open_function_call("get_weather")
+    b.append('{"city":"Paris"}')
+    b.finish("completed", usage=Usage(10, 0, 5, 1), completed_at=1)
+    for event in b.take():
+        record = stored_event(event)
+        assert record.payload_json is not None
+        assert json.loads(record.payload_json) == json.loads(json.dumps(payload(event))), event.type
+        assert record.payload == json.loads(record.payload_json), event.type
