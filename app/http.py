@@ -89,17 +89,15 @@ async def create_response(request: Request) -> Response:
     body = await _json_body(request)
     create = CreateResponse.model_validate(body)  # ValidationError -> 400 in app.errors
     run = await service.create(create, body)
-    if create.stream:
-        # Answer once response.created is durable: a store that cannot take the response
-        # gets an error status, not a 200 stream that ends without events.
+    if create.stream or create.background:
+        # Answer once response.created is durable: a store that cannot take the response gets
+        # an error status, not a 200 (a stream that ends without events, or the id of a
+        # background response that does not exist).
         await run.created.wait()
-        if not run.published and run.error is not None:
+        if not run.published:
             raise APIError(500, "The response could not be stored.", type="server_error")
-        return _sse(_live_stream(service, run))
-    if create.background:
-        await run.created.wait()
-        if run.created_response is None:
-            raise APIError(500, "The response could not be stored.", type="server_error")
+        if create.stream:
+            return _sse(_live_stream(service, run))
         return JSONResponse(run.created_response)
     await run.finished.wait()
     if run.final_response is None:

@@ -91,6 +91,7 @@ class Run:
     #: Set once response.created (and queued) are durable and published, or the run failed
     #: before that (``error`` says why).
     created: asyncio.Event = field(default_factory=asyncio.Event)
+    #: The Response as its first events carried it (what the POST of a background response answers).
     created_response: dict[str, Any] | None = None
     final_response: dict[str, Any] | None = None
     cancel_requested: bool = False
@@ -113,9 +114,9 @@ class Run:
     def publish(self, batch: Batch) -> None:
         for queue in self.subscribers:
             queue.put_nowait(batch)
-        if batch.frames:
+        if not self.published and batch.frames:  # the first batch holds response.created
             self.published = True
-        self.created.set()  # the first batch holds response.created
+            self.created.set()
 
 
 def stored_event(event: Event) -> StoredEvent:

@@ -338,8 +338,11 @@ class ResponseService:
         prompt_audit: asyncio.Future[None] | None = None
         try:
             builder.created(queued=run.background)
-            run.created_response = builder.snapshot("queued" if run.background else "in_progress")
-            writer.push(builder.take())  # run.created is set once these are durable
+            created = builder.take()
+            # what the POST of a background response answers with, once durable (no copy: the
+            # event is immutable); run.created is set when these are published
+            run.created_response = created[-1].response  # type: ignore[union-attr]
+            writer.push(created)
             if run.background:  # the POST answers with the snapshot: wait before generating
                 await writer.drain()
             builder.in_progress()

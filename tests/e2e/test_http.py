@@ -248,12 +248,12 @@ class _RefusingStore(MemoryStore):
         return future
 
 
-@pytest.mark.parametrize("stream", [True, False])
-def test_a_response_the_store_cannot_take_is_a_500_not_an_empty_stream(stream: bool) -> None:
+@pytest.mark.parametrize("mode", [{"stream": True}, {"stream": False}, {"background": True}], ids=str)
+def test_a_response_the_store_cannot_take_is_a_500_not_an_empty_stream(mode: dict[str, bool]) -> None:
     engine = ScriptedEngine(load_encoding(), [MODEL], {"turns": []})
     settings = Settings(engine="scripted", served_model_names=(MODEL,))
     with serve(settings, engine=engine, store=_RefusingStore()) as server:
-        r = httpx.post(server.base_url + "/v1/responses", json={"model": MODEL, "input": "hi", "stream": stream}, timeout=30)
+        r = httpx.post(server.base_url + "/v1/responses", json={"model": MODEL, "input": "hi", **mode}, timeout=30)
         error = _error(r, 500)
         assert error["type"] == "server_error"
         # a response that was never stored is not generated either: nothing keeps running
