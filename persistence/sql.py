@@ -433,8 +433,7 @@ class SqlStore:
         try:
             async with raw.transaction():
                 if unknown:
-                    marks = ", ".join(f"${i}" for i in range(1, len(unknown) + 1))
-                    _found_tails(tails, unknown, await raw.fetch(_TAILS.format(marks=marks), *unknown))
+                    _found_tails(tails, unknown, await raw.fetch(self._sql.tails(len(unknown)), *unknown))
                 plan = self._plan(batch, tails)
                 for statement, rows in plan.statements:
                     if statement.columns:
@@ -458,8 +457,7 @@ class SqlStore:
     ) -> _Plan:
         """``_write``'s transaction on the SQLite writer thread (see ``persistence.sqlite_writer``)."""
         if unknown:
-            marks = ", ".join("?" * len(unknown))
-            _found_tails(tails, unknown, conn.execute(_TAILS.format(marks=marks), unknown))
+            _found_tails(tails, unknown, conn.execute(self._sql.tails(len(unknown)), unknown))
         plan = self._plan(batch, tails)
         for statement, rows in plan.statements:
             conn.executemany(statement.sql, rows)
@@ -669,11 +667,14 @@ class _Statement:
 
 
 class _Statements:
-    """The write path's SQL, for ``exec_driver_sql`` with tuples of parameters."""
+    """The write path's SQL in the driver's own placeholders (``$n`` for asyncpg, ``?`` for
+    sqlite3), for ``executemany`` with tuples of parameters."""
 
     def __init__(self, *, postgres: bool) -> None:
+        self._postgres = postgres
+
         def insert(table: str, columns: tuple[str, ...]) -> _Statement:
-            marks = ", ".join(f"${i}" if postgres else "?" for i in range(1, len(columns) + 1))
+            marks = self._marks(len(columns))
             sql = f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({marks})"
             return _Statement(sql, table, columns)
 
@@ -706,6 +707,13 @@ class _Statements:
         )
         where = f"${len(columns) + 1}" if postgres else "?"
         self.update_response = _Statement(f"UPDATE responses SET {sets} WHERE id = {where}")
+
+    def _marks(self, count: int) -> str:
+        return ", ".join(f"${i}" if self._postgres else "?" for i in range(1, count + 1))
+
+    def tails(self, count: int) -> str:
+        """The look-up of ``count`` logs the writer does not know: (id, last seq, last type)."""
+        return _TAILS.format(marks=self._marks(count))
 
 
 def _settle(write: _Write, outcome: StoreError | None) -> None:
