@@ -10,6 +10,9 @@ from typing import Any
 from persistence.records import AuditRecord, NewResponse, StoredEvent
 from persistence.store import EventStore
 
+#: The newest migration: what a store migrates a new database to.
+HEAD = "0002"
+
 _clock = itertools.count(1_700_000_000)
 
 

@@ -16,10 +16,8 @@ from persistence.errors import ConcurrencyError, StoreError
 from persistence.migrate import current_async
 from persistence.records import AuditRecord, StoredEvent
 from persistence.sql import SqlStore, open_store
-from tests.persistence.factories import completed, created, delta, new_response
+from tests.persistence.factories import HEAD, completed, created, delta, new_response
 from tests.support.postgres import create_database, drop_database, unavailable
-
-HEAD = "0002"  # the newest migration
 
 
 async def _started(store: SqlStore) -> str:
