@@ -62,7 +62,7 @@ def _parser() -> argparse.ArgumentParser:
         "--token-delay-ms",
         type=float,
         default=0.0,
-        help="pace the ledger's scripted engine: this long before each token (default 0)",
+        help="pace the engines (the ledger's scripted engine and the naive peer): one token per stream per step of this many ms, all streams stepping together (default 0: as fast as they can)",
     )
     run.add_argument(
         "--total-tokens",

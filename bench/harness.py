@@ -80,8 +80,9 @@ class MatrixConfig:
     concurrency: tuple[int, ...] = (1, 16, 64, 256)
     reps: int = 3
     tokens: int = 1000
-    #: The scripted engine's pause before each token (0: as fast as it can). A paced engine
-    #: measures the latency the server adds while it keeps up, as a real engine would pace it.
+    #: The step of the paced engines (the ledger's scripted engine, the naive peer): every stream
+    #: gets one token per step, as from a real engine's step loop (0: as fast as they can). A
+    #: paced engine measures the latency the server adds while it keeps up.
     token_delay_ms: float = 0.0
     #: Tokens per measured run; each worker runs ceil(total / (C * tokens)) streams, at least 1.
     total_tokens: int = 400_000

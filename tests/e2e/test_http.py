@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -312,7 +313,7 @@ def test_the_output_audit_never_reaches_the_store_before_the_terminal_event() ->
     assert order.index("audit:prompt_token_ids") < order.index("response.completed")
 
 
-def test_a_short_response_costs_two_commits(tmp_path: Any) -> None:
+def test_a_short_response_costs_two_commits(tmp_path: Path) -> None:
     """The response row, response.created and the prompt audit share the first commit; the
     rest of the log, the terminal event and the output audit the second (the audit rides
     behind the terminal event instead of taking a commit of its own)."""
@@ -323,11 +324,11 @@ def test_a_short_response_costs_two_commits(tmp_path: Any) -> None:
         database_url=f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}",
     )
     with serve(settings, engine=engine) as server:
-        stats = lambda: server.service.store.stats  # noqa: E731
-        before = stats()
+        store = server.service.store
+        before = store.stats
         r = httpx.post(server.base_url + "/v1/responses", json={"model": MODEL, "input": "hi"}, timeout=30)
         assert r.status_code == 200 and r.json()["status"] == "completed"
-        after = stats()
+        after = store.stats
         audit = httpx.get(f"{server.base_url}/v1/responses/{r.json()['id']}/events", timeout=30).json()["audit"]
     assert [a["kind"] for a in audit] == ["prompt_token_ids", "output_token_ids", "finish"]
     assert after.transactions - before.transactions == 2
