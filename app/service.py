@@ -513,10 +513,9 @@ class ResponseService:
                         return  # the run died without a terminal event (its store failed)
                     batch: Batch = await queue.get()
                     frames = batch.frames
-                    skip = sent + 1 - batch.first_seq
+                    skip = sent + 1 - batch.first_seq  # > 0 only for what the store read gave
                     if skip < len(frames):
-                        # one frame (an engine pacing its tokens): no join
-                        yield frames[0] if skip <= 0 and len(frames) == 1 else b"".join(frames[max(skip, 0) :])
+                        yield b"".join(frames[skip:] if skip > 0 else frames)
                         sent = batch.last_seq
                     if batch.terminal:
                         return

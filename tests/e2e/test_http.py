@@ -333,3 +333,39 @@ def test_a_short_response_costs_two_commits(tmp_path: Path) -> None:
     assert [a["kind"] for a in audit] == ["prompt_token_ids", "output_token_ids", "finish"]
     assert after.transactions - before.transactions == 2
     assert after.writes - before.writes == 5  # create, prompt audit, two appends, output audit
+
+
+class _HesitantStore(MemoryStore):
+    """Reads of a log take 50 ms, during which a live response keeps committing and publishing:
+    a resuming reader then gets, from the store and from the live queue, events of both."""
+
+    async def load(self, response_id: str, after_seq: int | None = None, limit: int | None = None) -> Any:
+        await asyncio.sleep(0.05)
+        return await super().load(response_id, after_seq, limit)
+
+
+def test_resuming_a_live_response_sends_each_event_once() -> None:
+    words = " ".join(f"w{i}" for i in range(100))
+    engine = ScriptedEngine(
+        load_encoding(), [MODEL], {"turns": [{"completion": harmony(("final", words)), "token_delay_ms": 5}]}
+    )
+    settings = Settings(engine="scripted", served_model_names=(MODEL,))
+    body = {"model": MODEL, "input": "hi", "stream": True}
+    with (
+        serve(settings, engine=engine, store=_HesitantStore()) as server,
+        httpx.stream("POST", server.base_url + "/v1/responses", json=body, timeout=60) as live,
+    ):
+        lines = live.iter_lines()
+        response_id = next(json.loads(line[6:]) for line in lines if line.startswith("data: "))["response"]["id"]
+        resumed = httpx.get(
+            f"{server.base_url}/v1/responses/{response_id}",
+            params={"stream": "true", "starting_after": 0},
+            timeout=60,
+        )
+        for _ in lines:  # let the creating stream run to its end
+            pass
+    events = sse_events(resumed.content)
+    seqs = [e["sequence_number"] for e in events]
+    assert seqs == list(range(1, len(seqs) + 1))  # nothing twice, nothing missing
+    assert events[-1]["type"] == "response.completed"
+    assert sum(e["type"] == "response.output_text.delta" for e in events) >= 100
