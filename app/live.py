@@ -22,7 +22,7 @@ from typing import Any
 from domain.events import TERMINAL_TYPES, Event
 from domain.projections import payload_and_json, sse_frame
 from persistence.records import StoredEvent
-from persistence.store import Done
+from persistence.store import Done, then
 
 __all__ = ["Backlog", "Batch", "LogWriter", "Run", "Subscription", "stored_event", "stored_frames"]
 
@@ -259,14 +259,12 @@ class LogWriter:
 def _chain(inner: asyncio.Future[None], outer: asyncio.Future[None]) -> None:
     """Resolve ``outer`` as ``inner`` resolves."""
 
-    def copy(done: asyncio.Future[None]) -> None:
+    def settle(error: BaseException | None) -> None:
         if outer.done():
             return
-        if done.cancelled():
-            outer.cancel()
-        elif done.exception() is not None:
-            outer.set_exception(done.exception())  # type: ignore[arg-type]
-        else:
+        if error is None:
             outer.set_result(None)
+        else:
+            outer.set_exception(error)
 
-    inner.add_done_callback(copy)
+    then(inner, settle)
