@@ -15,11 +15,14 @@ from starlette.responses import JSONResponse
 
 from app.engines.protocol import EngineError, PromptTooLong
 from domain.errors import InvalidInput
-from persistence.errors import ConcurrencyError, NotFound
+from persistence.errors import ConcurrencyError, NotFound, StoreUnavailable
 
-__all__ = ["APIError", "error_body", "handle_exception", "not_found", "validation_error"]
+__all__ = ["RETRY_AFTER_S", "APIError", "error_body", "handle_exception", "not_found", "validation_error"]
 
 log = logging.getLogger(__name__)
+
+#: What a client told the database is unavailable should wait before trying again (seconds).
+RETRY_AFTER_S = 2
 
 
 class APIError(Exception):
@@ -31,6 +34,7 @@ class APIError(Exception):
         type: str = "invalid_request_error",
         param: str | None = None,
         code: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -38,6 +42,7 @@ class APIError(Exception):
         self.type = type
         self.param = param
         self.code = code
+        self.headers = headers
 
 
 def not_found(what: str, ident: str, *, param: str | None = None, code: str | None = None) -> APIError:
@@ -92,6 +97,15 @@ def to_api_error(exc: Exception) -> APIError:
             return APIError(404, str(exc) or "Not found.")
         case ConcurrencyError():
             return APIError(409, f"Conflicting write: {exc}", code="conflict")
+        case StoreUnavailable():
+            # the database is away (down, frozen, read-only, full): come back shortly
+            return APIError(
+                503,
+                f"The service cannot store responses right now ({exc.reason}); retry later.",
+                type="server_error",
+                code="store_unavailable",
+                headers={"Retry-After": str(RETRY_AFTER_S)},
+            )
         case _:  # our own failure (a broken invariant, the store, a bug): logged, never leaked
             log.exception("unhandled error")
             return APIError(500, "The server had an error while processing your request.", type="server_error")
@@ -99,4 +113,6 @@ def to_api_error(exc: Exception) -> APIError:
 
 async def handle_exception(request: Request, exc: Exception) -> JSONResponse:
     err = to_api_error(exc)
-    return JSONResponse(error_body(err.message, err.type, err.param, err.code), status_code=err.status)
+    return JSONResponse(
+        error_body(err.message, err.type, err.param, err.code), status_code=err.status, headers=err.headers
+    )

@@ -21,6 +21,7 @@ from app.errors import APIError
 from app.live import Run
 from app.service import ResponseService
 from app.wire import CreateResponse
+from persistence.errors import StoreUnavailable
 
 __all__ = ["routes"]
 
@@ -95,14 +96,22 @@ async def create_response(request: Request) -> Response:
         # background response that does not exist).
         await run.created.wait()
         if not run.published:
-            raise APIError(500, "The response could not be stored.", type="server_error")
+            raise _run_failure(run, "The response could not be stored.")
         if create.stream:
             return _sse(_live_stream(service, run))
         return JSONResponse(run.created_response)
     await run.finished.wait()
     if run.final_response is None:
-        raise APIError(500, "The response could not be completed.", type="server_error")
+        raise _run_failure(run, f"The response {run.id} could not be completed.")
     return JSONResponse(run.final_response)
+
+
+def _run_failure(run: Run, message: str) -> Exception:
+    """What a POST answers when its run stopped before the answer could be given: the
+    database's unavailability (503, Retry-After) if that was it, else a plain 500."""
+    if isinstance(run.error, StoreUnavailable):
+        return run.error
+    return APIError(500, message, type="server_error")
 
 
 async def _live_stream(service: ResponseService, run: Run) -> AsyncIterator[bytes]:
@@ -181,9 +190,21 @@ async def list_models(request: Request) -> Response:
 
 
 async def health(request: Request) -> Response:
+    """200 ``{"status": "ok"}`` when the server can take requests; otherwise 503 with the
+    ``reason`` (starting, engine down, database unavailable or read-only)."""
     state = request.app.state
-    ready = getattr(state, "ready", False) and _service(request).engine.healthy()
-    return JSONResponse({"status": "ok" if ready else "unavailable"}, status_code=200 if ready else 503)
+    reason: str | None = None
+    if not getattr(state, "ready", False):
+        reason = "starting"
+    else:
+        service = _service(request)
+        if not service.engine.healthy():
+            reason = "the engine is not healthy"
+        elif service.store.health.failing:
+            reason = f"the database cannot be written: {service.store.health.reason}"
+    if reason is None:
+        return JSONResponse({"status": "ok"})
+    return JSONResponse({"status": "unavailable", "reason": reason}, status_code=503)
 
 
 routes = [

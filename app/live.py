@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import functools
+import json
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -24,7 +25,16 @@ from domain.projections import payload_and_json, sse_frame
 from persistence.records import StoredEvent
 from persistence.store import Done, then
 
-__all__ = ["Backlog", "Batch", "LogWriter", "Run", "Subscription", "stored_event", "stored_frames"]
+__all__ = [
+    "Backlog",
+    "Batch",
+    "LogWriter",
+    "Run",
+    "Subscription",
+    "error_frame",
+    "stored_event",
+    "stored_frames",
+]
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +140,14 @@ def stored_event(event: Event) -> StoredEvent:
 def stored_frames(events: Sequence[StoredEvent]) -> bytes:
     """The SSE bytes of stored events: what was streamed live, re-made from the log."""
     return b"".join(sse_frame(e.type, e.seq, e.payload_text()) for e in events)
+
+
+def error_frame(seq: int, code: str, message: str) -> bytes:
+    """The SSE ``error`` event that ends a stream when no terminal event can come (OpenAI's
+    ``ResponseErrorEvent``). It is not in the log: ``seq`` is the one the next event would have
+    taken (the terminal event the repair loop writes later takes it)."""
+    data = {"code": code, "message": message, "param": None}
+    return sse_frame("error", seq, json.dumps(data, separators=(",", ":")))
 
 
 class Backlog:

@@ -2,7 +2,10 @@
 
 Nothing happens at import time. Start-up (the lifespan) migrates the database, loads the Harmony
 encoding (offline, see :mod:`app.encoding`), starts the engine, loads or creates the reasoning key,
-closes responses a previous process left in progress, and only then reports ready on ``/health``.
+probes whether the database takes writes, closes responses a previous process left in progress,
+starts the repair loop (:mod:`app.repair`), and only then reports ready on ``/health``. A
+database that is at the newest schema but cannot be written (read-only, full) does not stop the
+start: the server serves reads, answers writes 503, and recovers when the database does.
 """
 
 from __future__ import annotations
@@ -63,7 +66,12 @@ def build_engine(settings: Settings) -> Engine:
 async def open_store(settings: Settings) -> EventStore:
     from persistence.sql import open_store as open_sql_store
 
-    return await open_sql_store(settings.database_url, commit_window_ms=settings.commit_window_ms)
+    return await open_sql_store(
+        settings.database_url,
+        commit_window_ms=settings.commit_window_ms,
+        retry_s=settings.store_retry_s,
+        statement_timeout_s=settings.statement_timeout_s,
+    )
 
 
 def tune_gc(threshold: tuple[int, int, int]) -> None:
@@ -95,10 +103,26 @@ def create_app(
             key = await the_store.get_or_create_secret("reasoning_key", new_key)
         service = ResponseService(settings, the_store, the_engine, load_encoding(), ReasoningCipher(key))
         app.state.service = service
+        await the_store.probe()  # a read-only or full database: start degraded, say so on /health
         if settings.recover_on_start:
-            closed = await service.recover()
-            if closed:
-                log.warning("closed %d response(s) left in progress by a previous process", len(closed))
+            if the_store.health.failing:
+                log.warning(
+                    "the database cannot be written (%s): start-up recovery waits until it can",
+                    the_store.health.reason,
+                )
+                service.repairs.schedule_recovery()
+            else:
+                try:
+                    closed = await service.repairs.recover()
+                except StoreError as exc:  # it went away meanwhile: the repair loop goes on
+                    log.warning("start-up recovery interrupted (%s); the repair loop goes on", exc)
+                    service.repairs.schedule_recovery()
+                else:
+                    if closed:
+                        log.warning(
+                            "closed %d response(s) left in progress by a previous process", len(closed)
+                        )
+        service.repairs.start()
         if settings.gc_threshold is not None:
             tune_gc(settings.gc_threshold)
         app.state.ready = True

@@ -28,8 +28,9 @@ from openai_harmony import HarmonyEncoding
 
 from app.engines.protocol import Engine, EngineError, PromptTooLong, Sampling
 from app.errors import APIError, not_found
-from app.live import Backlog, Batch, LogWriter, Run, Subscription, stored_event, stored_frames
+from app.live import Backlog, Batch, LogWriter, Run, Subscription, error_frame, stored_frames
 from app.reasoning_crypto import ReasoningCipher
+from app.repair import STORE_UNAVAILABLE, Repairs, store_unavailable_error
 from app.settings import Settings
 from app.wire import CreateResponse
 from domain.builder import ResponseBuilder, TerminalStatus, Usage
@@ -37,8 +38,8 @@ from domain.decoder import DecodeResult, HarmonyDecoder
 from domain.events import TERMINAL_TYPES
 from domain.projections import fold, from_wire, output_as_input
 from domain.prompt import PromptRequest, RenderedPrompt, render_prompt
-from persistence.errors import NotFound
-from persistence.records import AuditRecord, NewResponse
+from persistence.errors import NotFound, StoreError, StoreUnavailable
+from persistence.records import AuditRecord, NewResponse, StoredEvent
 from persistence.store import EventStore
 
 __all__ = ["ResponseService", "new_id", "normalize_input"]
@@ -128,6 +129,13 @@ class ResponseService:
         self._live: dict[str, Run] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._backlog = Backlog()
+        #: Closes logs the database could not take when they ended (``app.repair``).
+        self.repairs = Repairs(
+            store,
+            interval_s=settings.repair_interval_s,
+            new_id=new_id,
+            is_live=self._live.__contains__,
+        )
 
     # -- models ----------------------------------------------------------------------------------
 
@@ -150,12 +158,21 @@ class ResponseService:
 
     # -- create ----------------------------------------------------------------------------------
 
+    def check_writable(self) -> None:
+        """Refuse a write at once (503, Retry-After) while the database cannot take writes,
+        rather than letting it wait out the store's retry time and fail then."""
+        health = self.store.health
+        if health.failing:
+            raise StoreUnavailable(health.reason or "unknown")
+
     async def create(self, request: CreateResponse, body: dict[str, Any]) -> Run:
         model = self.resolve_model(request.model)
         if request.background and not request.store:
             raise APIError(
                 400, "background responses require store=true.", param="background", code="invalid_value"
             )
+        if request.store or request.previous_response_id:
+            self.check_writable()  # a store=false response without history needs no database
         history: list[dict[str, Any]] = []
         if request.previous_response_id:
             history = await self._history(request.previous_response_id)
@@ -178,17 +195,19 @@ class ResponseService:
             # follow it into the same commit, so the first token waits for one fsync, not two.
             # Nothing is published before it is durable, and if the row cannot be written the
             # events behind it fail too (the run ends with ``run.error``).
-            stored = self.store.submit_create(
-                NewResponse(
-                    id=response_id,
-                    model=model,
-                    created_at=created_at,
-                    previous_response_id=request.previous_response_id,
-                    background=request.background,
-                    request=body,
-                    input_items=input_items,
-                )
+            new_response = NewResponse(
+                id=response_id,
+                model=model,
+                created_at=created_at,
+                previous_response_id=request.previous_response_id,
+                background=request.background,
+                request=body,
+                input_items=input_items,
             )
+            try:
+                stored = self.store.submit_create(new_response)
+            except ValueError as exc:  # what the edge let through but no database can hold
+                raise APIError(400, f"The request cannot be stored: {exc}.", code="invalid_value") from None
             stored.add_done_callback(_retrieve)  # its failure is reported through the run
             self._live[response_id] = run
         builder = ResponseBuilder(
@@ -213,7 +232,9 @@ class ResponseService:
             run.first_queue = run.subscribe()  # before the first event can be published
         forced_call = rendered.prefill is not None
         task = asyncio.create_task(
-            self._generate(run, builder, new_decoder, prompt_ids, sampling, forced_call=forced_call)
+            self._generate(
+                run, builder, new_decoder, prompt_ids, sampling, forced_call=forced_call, skeleton=skeleton
+            )
         )
         run.task = task
         self._tasks.add(task)
@@ -327,10 +348,16 @@ class ResponseService:
         sampling: Sampling,
         *,
         forced_call: bool = False,
+        skeleton: dict[str, Any] | None = None,
     ) -> None:
         """``forced_call``: ``tool_choice`` was ``required`` or named, so a turn that ends without
-        calling a tool is not accepted as an answer: it ends ``failed`` (its text is kept)."""
+        calling a tool is not accepted as an answer: it ends ``failed`` (its text is kept).
+
+        While the database is failing, generation pauses whenever this response has events
+        waiting for a commit (the store retries it); if the store gives up, the run ends with
+        ``run.error``, its streams with an ``error`` event, and the repair loop closes the log."""
         writer = LogWriter(run, self.store.submit_then if run.store else None, self._backlog)
+        health = self.store.health
         finish_reason: str | None = None
         engine_error: str | None = None
         cached = 0
@@ -359,9 +386,12 @@ class ResponseService:
                         output_ids.extend(chunk.token_ids)
                         decoder.feed(chunk.token_ids)
                         writer.push(builder.take())
-                        if self._backlog.total >= _BACKLOG_BUDGET and writer.backlog >= _MIN_BACKLOG:
-                            # engines faster than the log: let the commits catch up, so memory
-                            # and the engine-to-client latency stay bounded
+                        if (
+                            self._backlog.total >= _BACKLOG_BUDGET or health.failing
+                        ) and writer.backlog >= _MIN_BACKLOG:
+                            # engines faster than the log (or a database being retried): let
+                            # the commits catch up, so memory and the engine-to-client latency
+                            # stay bounded
                             await writer.wait_for_commit()
                     if chunk.num_cached_tokens is not None:
                         cached = chunk.num_cached_tokens
@@ -421,16 +451,28 @@ class ResponseService:
             await self.engine.abort(run.engine_request_id)
             raise
         except Exception as exc:
-            log.exception("response %s: generation failed", run.id)
+            if isinstance(exc, StoreUnavailable):
+                log.error("response %s: stopped, the database is unavailable (%s)", run.id, exc.reason)
+            else:
+                log.exception("response %s: generation failed", run.id)
             run.error = exc
             with contextlib.suppress(Exception):  # e.g. the log could not be written: stop the engine
                 await self.engine.abort(run.engine_request_id)
+            if run.store and skeleton is not None:
+                # its log has no terminal event: the repair loop writes one when it can
+                self.repairs.strand(run.id, skeleton, self._failure(exc))
         finally:
             self._live.pop(run.id, None)
             run.created.set()
             run.finished.set()
             if run.final_response is None:
                 run.publish(Batch(0, (), terminal=True))  # wake stream readers: nothing more comes
+
+    def _failure(self, exc: BaseException) -> dict[str, Any]:
+        """The ``error`` of a response whose run died of ``exc`` (not the engine's doing)."""
+        if isinstance(exc, StoreUnavailable):
+            return store_unavailable_error(self.settings.store_retry_s)
+        return {"code": "server_error", "message": "The server had an error while generating this response."}
 
     def _submit_audit(self, response_id: str, records: list[AuditRecord]) -> asyncio.Future[None]:
         """Queue audit records; whoever awaits the future sees a failure, and a future nobody
@@ -484,21 +526,24 @@ class ResponseService:
         generating it) *before* reading the store, and skips live batches it already read, so
         nothing is missed or sent twice. The creating request passes the ``queue`` it subscribed
         before generation started, and reads nothing from the store. A response that another
-        process is writing is followed by polling the store.
+        process is writing (or that the repair loop will close) is followed by polling the store.
+
+        Every stream ends with its terminal event or, if none can come (the run stopped without
+        one, the database stayed unreachable), with an ``error`` event: never a silent end.
         """
         read_store = queue is None
         if queue is None:
             run = self._live.get(response_id)
             queue = run.subscribe() if run is not None else None
+        sent = after
         try:
-            sent = after
             if read_store:
                 # page through the stored log, so the first bytes go out without reading it all
                 while True:
-                    events = await self.store.load(response_id, after_seq=sent, limit=_PAGE)
+                    events = await self._load(response_id, sent, _PAGE)
                     if events:
-                        yield stored_frames(events)
                         sent = events[-1].seq
+                        yield stored_frames(events)
                         if events[-1].type in TERMINAL_TYPES:
                             return
                     if len(events) < _PAGE:
@@ -508,28 +553,65 @@ class ResponseService:
                     if row is None or row.status in _TERMINAL_STATUSES:
                         return  # nothing after ``after``, and nothing more will come
             if queue is not None:
+                assert run is not None
                 while True:
-                    if run is not None and run.finished.is_set() and queue.empty():
-                        return  # the run died without a terminal event (its store failed)
+                    if run.finished.is_set() and queue.empty():
+                        yield self._run_error_frame(run, sent)
+                        return
                     batch: Batch = await queue.get()
                     frames = batch.frames
                     skip = sent + 1 - batch.first_seq  # > 0 only for what the store read gave
                     if skip < len(frames):
-                        yield b"".join(frames[skip:] if skip > 0 else frames)
                         sent = batch.last_seq
+                        yield b"".join(frames[skip:] if skip > 0 else frames)
                     if batch.terminal:
+                        if not frames:  # the run stopped without a terminal event
+                            yield self._run_error_frame(run, sent)
                         return
-            while True:  # written by another process: follow the store
+            while True:  # written by another process, or to be closed by the repair loop
                 await asyncio.sleep(0.1)
-                events = await self.store.load(response_id, after_seq=sent)
+                events = await self._load(response_id, sent, None)
                 if events:
-                    yield stored_frames(events)
                     sent = events[-1].seq
+                    yield stored_frames(events)
                     if events[-1].type in TERMINAL_TYPES:
                         return
+        except StoreUnavailable as exc:
+            yield error_frame(sent + 1, STORE_UNAVAILABLE, f"The database is unavailable: {exc.reason}")
+        except StoreError:
+            log.exception("response %s: stream read failed", response_id)
+            yield error_frame(sent + 1, "server_error", "The server could not read this response.")
         finally:
             if run is not None and queue is not None:
                 run.unsubscribe(queue)
+
+    async def _load(self, response_id: str, after: int, limit: int | None) -> list[StoredEvent]:
+        """A read for a stream: while the database is unavailable, retried for up to the
+        store's retry time (the client keeps its stream, with keep-alive comments), then
+        ``StoreUnavailable``."""
+        deadline = time.monotonic() + self.settings.store_retry_s
+        pause = 0.05
+        while True:
+            try:
+                return await self.store.load(response_id, after_seq=after, limit=limit)
+            except StoreUnavailable:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise
+                await asyncio.sleep(min(pause, left))
+                pause = min(pause * 2, 1.0)
+
+    def _run_error_frame(self, run: Run, sent: int) -> bytes:
+        """The last frame of a stream whose run stopped without a terminal event."""
+        error = run.error
+        if isinstance(error, StoreUnavailable):
+            return error_frame(
+                sent + 1,
+                STORE_UNAVAILABLE,
+                f"The database stayed unavailable for {self.settings.store_retry_s:g} s "
+                f"({error.reason}); the response was stopped and will be closed as failed.",
+            )
+        return error_frame(sent + 1, "server_error", "The server had an error while generating this response.")
 
     async def events(self, response_id: str) -> dict[str, Any]:
         row = await self.store.get(response_id)
@@ -565,6 +647,7 @@ class ResponseService:
     # -- cancel, delete --------------------------------------------------------------------------
 
     async def cancel(self, response_id: str) -> dict[str, Any]:
+        self.check_writable()
         row = await self.store.get(response_id)
         if row is None:
             raise not_found("Response", response_id)
@@ -588,6 +671,7 @@ class ResponseService:
         return response
 
     async def delete(self, response_id: str) -> dict[str, Any]:
+        self.check_writable()
         run = self._live.get(response_id)
         if run is not None and run.task is not None:
             run.cancel_requested = True
@@ -606,29 +690,8 @@ class ResponseService:
 
     # -- start-up and shutdown -------------------------------------------------------------------
 
-    async def recover(self) -> list[str]:
-        """Close every log a previous process left without a terminal event (``response.failed``,
-        ``server_error``, "the server restarted"), closing its open item first."""
-        closed = []
-        for response_id in await self.store.unfinished():
-            if response_id in self._live:
-                continue
-            stored = await self.store.load(response_id)
-            events = [from_wire(e.type, e.seq, e.payload) for e in stored]
-            if not events:
-                continue
-            builder = ResponseBuilder.resume(events, new_id=new_id)
-            builder.finish(
-                "failed",
-                usage=None,
-                error={"code": "server_error", "message": "the server restarted"},
-            )
-            await self.store.append(response_id, [stored_event(e) for e in builder.take()], len(events))
-            closed.append(response_id)
-            log.warning("response %s: closed at start-up (the server restarted)", response_id)
-        return closed
-
     async def shutdown(self) -> None:
+        await self.repairs.stop()
         for run in list(self._live.values()):
             await self.engine.abort(run.engine_request_id)
         tasks = list(self._tasks)

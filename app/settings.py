@@ -76,6 +76,15 @@ class Settings:
     recover_on_start: bool = True
     #: Reasoning effort when a request gives none.
     default_reasoning_effort: str = "medium"
+    #: How long a commit the database does not take (down, frozen, read-only, full, locked) is
+    #: retried, generation paused, before its responses give up: their streams end with an
+    #: ``error`` event, and the repair loop closes them ``failed`` once the database is back.
+    store_retry_s: float = 20.0
+    #: The longest any database statement or commit may take (a frozen database cannot stall
+    #: a stream for longer than this plus the retry time).
+    statement_timeout_s: float = 5.0
+    #: How often the repair loop probes an unavailable database and closes stranded responses.
+    repair_interval_s: float = 1.0
     #: Largest request body accepted, in bytes (413 above).
     max_body_bytes: int = 16 * 1024 * 1024
     log_level: str = "info"
@@ -118,6 +127,9 @@ class Settings:
             "RESPONSES_LEDGER_RECOVER_ON_START": ("recover_on_start", _bool),
             "RESPONSES_LEDGER_DEFAULT_REASONING_EFFORT": ("default_reasoning_effort", str),
             "RESPONSES_LEDGER_MAX_BODY_BYTES": ("max_body_bytes", int),
+            "RESPONSES_LEDGER_STORE_RETRY_S": ("store_retry_s", float),
+            "RESPONSES_LEDGER_STATEMENT_TIMEOUT_S": ("statement_timeout_s", float),
+            "RESPONSES_LEDGER_REPAIR_INTERVAL_S": ("repair_interval_s", float),
             "RESPONSES_LEDGER_LOG_LEVEL": ("log_level", str),
         }
         if env.get("RESPONSES_LEDGER_GC_THRESHOLD"):

@@ -73,12 +73,20 @@ def create_engine(
     synchronous: Synchronous = "FULL",
     busy_timeout_ms: int = 5000,
     pool_size: int = 5,
+    statement_timeout_s: float | None = None,
 ) -> AsyncEngine:
-    """An engine for one role; creates a SQLite file's parent directory."""
+    """An engine for one role; creates a SQLite file's parent directory.
+
+    ``statement_timeout_s`` (PostgreSQL): the longest a connection attempt, a pool check-out or
+    a statement may take, enforced by the client (asyncpg's ``command_timeout``: a frozen or
+    unreachable server cannot stall a caller for longer) and by the server (``statement_timeout``).
+    SQLite's equivalent is ``busy_timeout``."""
     url = async_url(database_url)
     path = sqlite_path(url)
     if path is None:
-        return _postgres_engine(url, role=role, pool_size=pool_size)
+        return _postgres_engine(
+            url, role=role, pool_size=pool_size, statement_timeout_s=statement_timeout_s
+        )
     path.parent.mkdir(parents=True, exist_ok=True)
     if synchronous not in ("FULL", "NORMAL"):
         raise ValueError(f"synchronous must be FULL or NORMAL, got {synchronous!r}")
@@ -91,10 +99,28 @@ def create_engine(
     )
 
 
-def _postgres_engine(url: URL, *, role: Role, pool_size: int) -> AsyncEngine:
+def _postgres_engine(
+    url: URL, *, role: Role, pool_size: int, statement_timeout_s: float | None
+) -> AsyncEngine:
     if role == "migrations":
         return create_async_engine(url, poolclass=pool.NullPool)
-    return create_async_engine(url, pool_size=pool_size, max_overflow=pool_size)
+    if statement_timeout_s is None:
+        return create_async_engine(url, pool_size=pool_size, max_overflow=pool_size)
+    connect_args = {
+        "timeout": statement_timeout_s,
+        "command_timeout": statement_timeout_s,
+        "server_settings": {
+            "statement_timeout": str(int(statement_timeout_s * 1000)),
+            "idle_in_transaction_session_timeout": str(int(statement_timeout_s * 4000)),
+        },
+    }
+    return create_async_engine(
+        url,
+        pool_size=pool_size,
+        max_overflow=pool_size,
+        pool_timeout=statement_timeout_s,
+        connect_args=connect_args,
+    )
 
 
 _WAL = "PRAGMA journal_mode = WAL"

@@ -6,11 +6,15 @@ A small tree that ``app/`` maps to OpenAI's ``{"error": {...}}`` JSON in one pla
 - ``ConcurrencyError``: another writer got there first: the expected ``seq`` is taken or not
   next, the log already ended, or the response id already exists.
 - ``NotFound``: the response (or a link of its chain, or a list cursor) does not exist.
+- ``StoreUnavailable``: the database cannot be reached or written (down, frozen, read-only,
+  full, locked) and stayed so for longer than the store's retry time.
+- ``RefusedWrite``: the database (or its driver) refused one submission's data; the other writes
+  of its commit went through.
 """
 
 from __future__ import annotations
 
-__all__ = ["ConcurrencyError", "NotFound", "StoreError"]
+__all__ = ["ConcurrencyError", "NotFound", "RefusedWrite", "StoreError", "StoreUnavailable"]
 
 
 class StoreError(Exception):
@@ -24,3 +28,16 @@ class ConcurrencyError(StoreError):
 
 class NotFound(StoreError):
     """No such response (or chain link, or input item cursor)."""
+
+
+class StoreUnavailable(StoreError):
+    """The database could not be reached or written for longer than the retry time allowed.
+    ``reason`` says what the last attempt ran into, in words an operator can act on."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"the database is unavailable: {reason}")
+        self.reason = reason
+
+
+class RefusedWrite(StoreError):
+    """The database or its driver refused this submission's rows (they can never be written)."""

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from persistence.errors import ConcurrencyError, NotFound, StoreError
+from persistence.health import StoreHealth
 from persistence.lifecycle import (
     OUTPUT_ITEM_DONE,
     TERMINAL_EVENT_TYPES,
@@ -88,6 +89,8 @@ class MemoryStore:
         self._inputs: dict[str, list[_InputItem]] = {}
         self._secrets: dict[str, bytes] = {}
         self._closed = False
+        #: Always healthy: this process's memory is the whole store.
+        self.health = StoreHealth(retry_s=0)
 
     async def create_response(self, new: NewResponse) -> None:
         await self.submit_create(new)
@@ -274,6 +277,10 @@ class MemoryStore:
         if name not in self._secrets:
             self._secrets[name] = bytes(factory())
         return self._secrets[name]
+
+    async def probe(self) -> None:
+        self._check_open()
+        self.health.succeeded()
 
     async def close(self) -> None:
         self._closed = True

@@ -14,6 +14,7 @@ from pathlib import Path
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from sqlalchemy import URL
 from sqlalchemy.engine import Connection
 
@@ -27,6 +28,7 @@ __all__ = [
     "current_async",
     "downgrade",
     "downgrade_async",
+    "head_revision",
     "take_migration_lock",
     "upgrade",
     "upgrade_async",
@@ -67,12 +69,19 @@ async def check_async(database_url: str | URL) -> None:
 
 async def current_async(database_url: str | URL) -> str | None:
     """The revision the database is at, or None for an empty database."""
-    engine = create_engine(database_url, role="migrations")
+    engine = create_engine(database_url, role="reader")  # reads only: works on a read-only file
     try:
         async with engine.connect() as connection:
             return await connection.run_sync(_current_revision)
     finally:
         await engine.dispose()
+
+
+def head_revision() -> str | None:
+    """The newest revision of our migration scripts."""
+    config = Config()
+    config.set_main_option("script_location", str(_SCRIPTS))
+    return ScriptDirectory.from_config(config).get_current_head()
 
 
 def upgrade(database_url: str | URL, revision: str = "head") -> None:

@@ -22,6 +22,7 @@ __all__ = [
     "NewResponse",
     "ResponseRow",
     "StoredEvent",
+    "check_encodable",
     "check_json_text",
     "dump_json",
     "item_id",
@@ -36,12 +37,25 @@ def dump_json(value: Any) -> str:
     """Compact JSON text that every backend can store.
 
     Refused with ValueError, on every backend alike so that a response behaves the same
-    whatever the store: NaN and infinities (not JSON) and U+0000 (PostgreSQL's JSONB cannot
-    hold it); TypeError for values that are not JSON at all.
+    whatever the store: NaN and infinities (not JSON), U+0000 (PostgreSQL's JSONB cannot
+    hold it) and lone surrogates (not UTF-8: no driver can send them); TypeError for values
+    that are not JSON at all.
     """
-    return check_json_text(
-        json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return check_encodable(
+        check_json_text(json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False))
     )
+
+
+def check_encodable(text: str) -> str:
+    """Return ``text`` unless it cannot be encoded as UTF-8 (a lone surrogate, which JSON's
+    ``\\udXXX`` escapes can carry): checked when a write is submitted, so such a row never
+    reaches, and fails, a commit it shares with other responses."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        bad = exc.object[exc.start : exc.end]
+        raise ValueError(f"text holding a lone surrogate ({bad!r}) cannot be stored") from None
+    return text
 
 
 # An escaped NUL (\u0000) that is not itself the tail of an escaped backslash.

@@ -25,8 +25,10 @@ and the others commit.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
+import logging
 import sqlite3
 import time
 from collections import OrderedDict
@@ -47,12 +49,19 @@ from sqlalchemy import (
     select,
 )
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.exc import DataError, IntegrityError, SQLAlchemyError
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from persistence.database import Synchronous, create_engine, sqlite_path
-from persistence.errors import ConcurrencyError, NotFound, StoreError
+from persistence.errors import (
+    ConcurrencyError,
+    NotFound,
+    RefusedWrite,
+    StoreError,
+    StoreUnavailable,
+)
 from persistence.group_commit import GroupCommit, Outcome
+from persistence.health import StoreHealth, describe, is_unavailable
 from persistence.lifecycle import (
     OUTPUT_ITEM_DONE,
     TERMINAL_EVENT_TYPES,
@@ -61,7 +70,7 @@ from persistence.lifecycle import (
     initial_status,
     row_update,
 )
-from persistence.migrate import upgrade_async
+from persistence.migrate import current_async, head_revision, upgrade_async
 from persistence.records import (
     AuditRecord,
     ChainLink,
@@ -69,6 +78,7 @@ from persistence.records import (
     NewResponse,
     ResponseRow,
     StoredEvent,
+    check_encodable,
     dump_json,
     item_id,
     pack_token_ids,
@@ -86,18 +96,16 @@ from persistence.store import Completion, Done, Order, check_submission
 
 __all__ = ["CommitStats", "SqlStore", "open_store"]
 
-# What each driver raises when a batch's rows are refused (a constraint or the data itself: the
-# batch is retried one write at a time), when a constraint is violated, and when it fails otherwise.
-_REFUSED = (
-    IntegrityError,
-    DataError,
-    sqlite3.IntegrityError,
-    sqlite3.DataError,
-    asyncpg.IntegrityConstraintViolationError,
-    asyncpg.DataError,
-)
+_log = logging.getLogger(__name__)
+
+# What each driver raises when a constraint is violated (another writer got there first); any
+# other failure is either the database being unavailable (``persistence.health.is_unavailable``:
+# retried) or the data being refused (that submission fails alone).
 _CONSTRAINT = (IntegrityError, sqlite3.IntegrityError, asyncpg.IntegrityConstraintViolationError)
 _FAILED = (SQLAlchemyError, sqlite3.Error, asyncpg.PostgresError, asyncpg.InterfaceError, OSError)
+# First pause between retries of a commit the database did not take, doubled up to the cap.
+_RETRY_FIRST_S = 0.05
+_RETRY_CAP_S = 1.0
 
 # A chain longer than this is treated as a cycle (previous_response_id is never edited, so a
 # real cycle cannot be written through the API, but a hand-edited database could hold one).
@@ -113,18 +121,31 @@ async def open_store(
     busy_timeout_ms: int = 5000,
     pool_size: int = 5,
     migrate: bool = True,
+    retry_s: float = 20.0,
+    statement_timeout_s: float = 5.0,
 ) -> SqlStore:
     """Open (creating and migrating to head unless ``migrate=False``) the store at
     ``database_url``: ``sqlite+aiosqlite:///path.db`` or ``postgresql+asyncpg://...``
-    (plain ``sqlite://`` and ``postgresql://`` URLs get the async driver)."""
+    (plain ``sqlite://`` and ``postgresql://`` URLs get the async driver).
+
+    ``retry_s``: how long a commit the database does not take (unreachable, frozen, read-only,
+    full, locked) is retried before its writers get ``StoreUnavailable``; ``statement_timeout_s``:
+    the longest any statement or commit may take (PostgreSQL: client and server side).
+
+    A database that is at the newest revision but cannot be written (read-only, full) opens in
+    degraded mode: reads work, ``health`` says why writes do not, and it recovers by itself."""
     if commit_window_ms < 0 or max_batch_events < 1:
         raise ValueError("commit_window_ms must be >= 0 and max_batch_events >= 1")
+    if statement_timeout_s <= 0:
+        raise ValueError("statement_timeout_s must be > 0")
+    degraded: BaseException | None = None
     if migrate:
-        await upgrade_async(database_url)
+        degraded = await _migrate_or_degrade(database_url)
     options: dict[str, Any] = {
         "synchronous": sqlite_synchronous,
         "busy_timeout_ms": busy_timeout_ms,
         "pool_size": pool_size,
+        "statement_timeout_s": statement_timeout_s,
     }
     writer = create_engine(database_url, role="writer", **options)
     is_sqlite = sqlite_path(writer.url) is not None
@@ -144,13 +165,40 @@ async def open_store(
         if path is None
         else SqliteWriter(path, synchronous=sqlite_synchronous, busy_timeout_ms=busy_timeout_ms)
     )
-    return SqlStore(
+    store = SqlStore(
         writer,
         reader,
         commit_window_ms=commit_window_ms,
         max_batch_events=max_batch_events,
         direct=direct,
+        retry_s=retry_s,
+        statement_timeout_s=statement_timeout_s,
     )
+    if degraded is not None:
+        store.health.failed(degraded)
+    return store
+
+
+async def _migrate_or_degrade(database_url: str) -> BaseException | None:
+    """Migrate to head; if the database cannot be written but is already at head, return why
+    (the store opens degraded) instead of failing the start."""
+    try:
+        await upgrade_async(database_url)
+    except Exception as exc:
+        if not is_unavailable(exc):
+            raise
+        try:
+            revision = await current_async(database_url)
+        except Exception:
+            raise exc from None
+        if revision != head_revision():
+            raise StoreUnavailable(
+                f"the database is at revision {revision!r}, needs {head_revision()!r}, and "
+                f"cannot be migrated now ({describe(exc)})"
+            ) from exc
+        _log.warning("the database cannot be written (%s): starting degraded", describe(exc))
+        return exc
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,6 +279,8 @@ class SqlStore:
         tail_cache_size: int = 65_536,
         clock: Callable[[], float] = time.time,
         direct: SqliteWriter | None = None,
+        retry_s: float = 20.0,
+        statement_timeout_s: float = 5.0,
     ) -> None:
         self._writer = writer
         self._reader = reader
@@ -246,6 +296,11 @@ class SqlStore:
         )
         self._closed = False
         self._stats = CommitStats(0, 0, 0)
+        self._statement_timeout_s = statement_timeout_s
+        #: Whether writes work now (see ``persistence.health``); read by /health and the service.
+        self.health = StoreHealth(retry_s)
+        # The plan of the last transaction attempted, for a retry to recognise it in the log.
+        self._last_plan: _Plan | None = None
 
     @property
     def stats(self) -> CommitStats:
@@ -295,8 +350,13 @@ class SqlStore:
         recorded_at = self._clock()
         rows = [(response_id, e.seq, e.type, e.payload_text(), recorded_at) for e in events]
         update: RowUpdate | None = None
-        for event in events:
-            update = row_update(event) or update
+        for event, row in zip(events, rows, strict=True):
+            change = row_update(event)
+            if change is not None:
+                # a Response snapshot echoes the request (metadata, tools, instructions): the
+                # one kind of event text that can carry what a request carried
+                check_encodable(row[3])
+                update = change
         write = _Append(
             response_id,
             expected_seq,
@@ -331,6 +391,8 @@ class SqlStore:
 
     async def delete(self, response_id: str) -> bool:
         self._check_open()
+        if not _possible_id(response_id):
+            return False
         async with _store_errors(), self._writer.begin() as conn:
             # Events, audit records and input items go with the row (ON DELETE CASCADE); the
             # append-only trigger lets an event row go only once its response row is gone.
@@ -341,6 +403,10 @@ class SqlStore:
     async def get_or_create_secret(self, name: str, factory: Callable[[], bytes]) -> bytes:
         self._check_open()
         find = select(server_secrets.c.value).where(server_secrets.c.name == name)
+        async with self._read() as conn:  # a read first: a read-only database has its key
+            found = (await conn.execute(find)).scalar_one_or_none()
+        if found is not None:
+            return bytes(found)
         async with _store_errors(), self._writer.begin() as conn:
             value = (await conn.execute(find)).scalar_one_or_none()
             if value is None:
@@ -352,6 +418,36 @@ class SqlStore:
                 )
                 value = (await conn.execute(find)).scalar_one()
         return bytes(value)
+
+    async def probe(self) -> None:
+        """Try a real write (rewrite the reasoning key's row in place, the same bytes: it
+        needs the write lock, a writable file and room in the WAL) and record the outcome in
+        ``health``. Raises nothing: what it found is in ``health``."""
+        self._check_open()
+        touch = "UPDATE server_secrets SET created_at = created_at WHERE name = 'reasoning_key'"
+        try:
+            async with asyncio.timeout(self._statement_timeout_s):
+                if self._direct is not None:
+                    await self._direct.transaction(lambda conn: conn.execute(touch))
+                else:
+                    async with self._writer.connect() as conn:
+                        raw = (await conn.get_raw_connection()).driver_connection
+                        assert raw is not None
+                        try:
+                            async with raw.transaction():
+                                await raw.execute(touch)
+                        except BaseException:
+                            with contextlib.suppress(Exception):
+                                await conn.invalidate()
+                            raise
+        except Exception as exc:
+            if not is_unavailable(exc):
+                raise
+            self.health.failed(exc)
+            if self._postgres:
+                await self._reset_connections()
+            return
+        self.health.succeeded()
 
     async def close(self) -> None:
         """Commit what is queued, then release the connections. Idempotent."""
@@ -370,44 +466,89 @@ class SqlStore:
     # -- group commit -------------------------------------------------------------------
 
     async def _commit(self, batch: list[_Write]) -> None:
-        try:
-            outcomes = await self._write(batch, fresh=False)
-        except _REFUSED:
-            # One submission's rows were refused: find out which, and commit the others.
-            self._forget(batch)
-            for write in batch:
-                await self._commit_alone(write)
+        """Commit ``batch`` and settle every write. A batch whose data the database refuses is
+        split until the culprit is alone, so one bad submission fails by itself and every
+        other write of the batch commits; a database that is unavailable is retried (see
+        ``_write_retrying``)."""
+        result = await self._write_retrying(batch)
+        if isinstance(result, BaseException):
+            if len(batch) == 1:
+                _settle(batch[0], _refusal(batch[0].response_id, result))
+                return
+            # Halves, not singles: a 1,000-write batch with one bad row costs ~20 transactions.
+            middle = len(batch) // 2
+            await self._commit(batch[:middle])
+            await self._commit(batch[middle:])
             return
-        except _FAILED as exc:
-            self._forget(batch)
-            for write in batch:
-                _settle(write, _store_error(exc))
-            return
-        for write, outcome in zip(batch, outcomes, strict=True):
+        for write, outcome in zip(batch, result, strict=True):
             _settle(write, outcome)
 
-    async def _commit_alone(self, write: _Write) -> None:
-        try:
-            (outcome,) = await self._write([write], fresh=True)
-        except _CONSTRAINT as exc:
-            self._forget([write])
-            outcome = _integrity_error(write.response_id, exc)
-        except _FAILED as exc:
-            self._forget([write])
-            outcome = _store_error(exc)
-        _settle(write, outcome)
+    async def _write_retrying(
+        self, batch: list[_Write]
+    ) -> list[StoreError | None] | BaseException:
+        """Each write's outcome, or the exception with which the database refused the batch's
+        data. While the database is unavailable the batch is retried with backoff (the writers
+        waiting on it stay paused, nothing is published) until the outage is ``retry_s`` old;
+        then every write fails with ``StoreUnavailable``. A retry first looks at the log: a
+        commit whose answer was lost may have gone through, and then nothing is written twice."""
+        after_failure = False
+        pause = _RETRY_FIRST_S
+        while True:
+            try:
+                outcomes = await self._write(batch, fresh=after_failure, after_failure=after_failure)
+            except Exception as exc:
+                self._forget(batch)
+                if not is_unavailable(exc):
+                    return exc
+                left = self.health.failed(exc)
+                if not after_failure:
+                    _log.warning(
+                        "commit failed (%s); retrying for up to %.1f s", describe(exc), max(left, 0)
+                    )
+                if isinstance(exc, asyncpg.InterfaceError | OSError) or _connection_lost(exc):
+                    await self._reset_connections()
+                if left <= 0:
+                    error = StoreUnavailable(self.health.reason or describe(exc))
+                    error.__cause__ = exc
+                    return [error] * len(batch)
+                await asyncio.sleep(min(pause, left))
+                pause = min(pause * 2, _RETRY_CAP_S)
+                after_failure = True
+                continue
+            if after_failure:
+                _log.warning("commit succeeded again after the database was unavailable")
+            self.health.succeeded()
+            return outcomes
 
-    async def _write(self, batch: list[_Write], *, fresh: bool) -> list[StoreError | None]:
-        """Write ``batch`` in one transaction; return each write's refusal (or None)."""
+    async def _reset_connections(self) -> None:
+        """Drop pooled connections after a lost one: after a database restart every pooled
+        connection is dead, and each retry would otherwise find the next dead one."""
+        if self._postgres:
+            with contextlib.suppress(Exception):
+                await self._writer.dispose()
+
+    async def _write(
+        self, batch: list[_Write], *, fresh: bool, after_failure: bool = False
+    ) -> list[StoreError | None]:
+        """Write ``batch`` in one transaction; return each write's refusal (or None).
+
+        ``after_failure``: the previous attempt at this batch failed and may have committed
+        anyway (its answer lost with the connection, or it timed out). If the fresh tails show
+        any of its writes in the log, the whole transaction did commit: nothing is written again
+        and the previous attempt's outcomes stand. (One writer per response makes that sound: no
+        other process appends to these logs.)"""
         tails, unknown = self._cached_tails(batch, fresh=fresh)
+        previous = self._last_plan if after_failure else None
+        self._last_plan = None
         plan: _Plan
-        if self._direct is not None:
-            plan = await self._direct.transaction(
-                functools.partial(self._write_direct, batch, tails, unknown)
-            )
-        else:
-            async with self._writer.connect() as conn:
-                plan = await self._write_postgres(conn, batch, tails, unknown)
+        async with asyncio.timeout(self._statement_timeout_s):
+            if self._direct is not None:
+                plan = await self._direct.transaction(
+                    functools.partial(self._write_direct, batch, tails, unknown, previous)
+                )
+            else:
+                async with self._writer.connect() as conn:
+                    plan = await self._write_postgres(conn, batch, tails, unknown, previous)
         self._stats = CommitStats(
             self._stats.transactions + 1,
             self._stats.writes + plan.outcomes.count(None),
@@ -424,6 +565,7 @@ class SqlStore:
         batch: list[_Write],
         tails: dict[str, _Tail | None],
         unknown: list[str],
+        previous: _Plan | None,
     ) -> _Plan:
         """``_write``'s transaction on PostgreSQL, on the asyncpg connection itself (SQLAlchemy
         never starts a transaction on ``conn``, so it has nothing to roll back when the
@@ -434,7 +576,9 @@ class SqlStore:
             async with raw.transaction():
                 if unknown:
                     _found_tails(tails, unknown, await raw.fetch(self._sql.tails(len(unknown)), *unknown))
-                plan = self._plan(batch, tails)
+                if previous is not None and _committed_before(batch, tails, previous):
+                    return _Plan(previous.outcomes, [], 0)
+                plan = self._last_plan = self._plan(batch, tails)
                 for statement, rows in plan.statements:
                     if statement.columns:
                         await raw.copy_records_to_table(
@@ -443,8 +587,10 @@ class SqlStore:
                     else:
                         await raw.executemany(statement.sql, rows)
         except BaseException as exc:
-            if raw.is_closed() or isinstance(exc, asyncpg.InterfaceError | OSError):
-                await conn.invalidate()  # unusable or in doubt: do not pool it again
+            lost = isinstance(exc, asyncpg.InterfaceError | OSError | asyncio.CancelledError)
+            if raw.is_closed() or lost or is_unavailable(exc):
+                with contextlib.suppress(Exception):
+                    await conn.invalidate()  # unusable or in doubt: do not pool it again
             raise
         return plan
 
@@ -453,12 +599,15 @@ class SqlStore:
         batch: list[_Write],
         tails: dict[str, _Tail | None],
         unknown: list[str],
+        previous: _Plan | None,
         conn: sqlite3.Connection,
     ) -> _Plan:
         """``_write``'s transaction on the SQLite writer thread (see ``persistence.sqlite_writer``)."""
         if unknown:
             _found_tails(tails, unknown, conn.execute(self._sql.tails(len(unknown)), unknown))
-        plan = self._plan(batch, tails)
+        if previous is not None and _committed_before(batch, tails, previous):
+            return _Plan(previous.outcomes, [], 0)
+        plan = self._last_plan = self._plan(batch, tails)
         for statement, rows in plan.statements:
             conn.executemany(statement.sql, rows)
         return plan
@@ -554,6 +703,8 @@ class SqlStore:
         self, response_id: str, after_seq: int | None = None, limit: int | None = None
     ) -> list[StoredEvent]:
         self._check_open()
+        if not _possible_id(response_id):
+            return []
         query = _EVENTS.where(response_events.c.response_id == response_id)
         if after_seq is not None:
             query = query.where(response_events.c.seq > after_seq)
@@ -566,12 +717,16 @@ class SqlStore:
 
     async def get(self, response_id: str) -> ResponseRow | None:
         self._check_open()
+        if not _possible_id(response_id):
+            return None
         async with self._read() as conn:
             row = (await conn.execute(_ROWS.where(responses.c.id == response_id))).one_or_none()
         return None if row is None else _response_row(row)
 
     async def load_chain(self, response_id: str) -> list[ChainLink]:
         self._check_open()
+        if not _possible_id(response_id):
+            raise NotFound(f"no response {response_id!r}")
         async with self._read(repeatable=True) as conn:
             chain = (await conn.execute(_CHAIN, {"start": response_id})).all()
             if len(chain) > _MAX_CHAIN:
@@ -593,6 +748,8 @@ class SqlStore:
 
     async def load_audit(self, response_id: str) -> list[AuditRecord]:
         self._check_open()
+        if not _possible_id(response_id):
+            return []
         query = (
             select(response_audit.c.kind, response_audit.c.token_ids, response_audit.c.detail)
             .where(response_audit.c.response_id == response_id)
@@ -611,6 +768,8 @@ class SqlStore:
         self._check_open()
         if limit < 1:
             raise ValueError(f"limit must be >= 1, got {limit}")
+        if not _possible_id(response_id) or (after is not None and not _possible_id(after)):
+            raise NotFound(f"no response {response_id!r}")
         table = response_input_items
         query = select(table.c.item).where(table.c.response_id == response_id)
         async with self._read() as conn:
@@ -716,6 +875,50 @@ class _Statements:
         return _TAILS.format(marks=self._marks(count))
 
 
+def _possible_id(ident: str) -> bool:
+    """False for an id no row can have: PostgreSQL text cannot hold U+0000 (the driver would
+    refuse the query), and a lone surrogate cannot be encoded at all."""
+    if "\x00" in ident:
+        return False
+    try:
+        ident.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _committed_before(
+    batch: list[_Write], tails: dict[str, _Tail | None], previous: _Plan
+) -> bool:
+    """Whether the log shows the previous attempt's transaction (its writes were planned
+    against these same logs; a transaction commits whole, so one write found is all)."""
+    for write, outcome in zip(batch, previous.outcomes, strict=True):
+        if outcome is not None:
+            continue  # refused in the plan: never in the transaction
+        tail = tails.get(write.response_id)
+        if tail is None:
+            continue
+        if isinstance(write, _Create):
+            return True
+        if isinstance(write, _Append) and write.expected_seq < tail.next_seq:
+            return True
+    return False
+
+
+def _connection_lost(exc: BaseException) -> bool:
+    orig = getattr(exc, "orig", None)
+    return isinstance(orig, asyncpg.InterfaceError | asyncpg.PostgresConnectionError | OSError)
+
+
+def _refusal(response_id: str, exc: BaseException) -> StoreError:
+    """What a submission whose data the database refused fails with."""
+    if isinstance(exc, _CONSTRAINT):
+        return _integrity_error(response_id, exc)  # type: ignore[arg-type]
+    error = RefusedWrite(f"response {response_id!r}: the database refused the data ({describe(exc)})")
+    error.__cause__ = exc
+    return error
+
+
 def _settle(write: _Write, outcome: StoreError | None) -> None:
     future = write.future
     if future.done():  # the caller cancelled its wait; the write stands regardless
@@ -727,7 +930,11 @@ def _settle(write: _Write, outcome: StoreError | None) -> None:
 
 
 def _store_error(exc: BaseException) -> StoreError:
-    error = StoreError(f"database error: {exc}")
+    error = (
+        StoreUnavailable(describe(exc))
+        if is_unavailable(exc)
+        else StoreError(f"database error: {describe(exc)}")
+    )
     error.__cause__ = exc
     return error
 
@@ -745,7 +952,7 @@ def _integrity_error(response_id: str, exc: Exception) -> StoreError:
 async def _store_errors() -> AsyncIterator[None]:
     try:
         yield
-    except (SQLAlchemyError, OSError) as exc:
+    except (SQLAlchemyError, OSError, sqlite3.Error, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
         raise _store_error(exc) from exc
 
 

@@ -15,6 +15,7 @@ and ``BEGIN IMMEDIATE`` so a check-then-insert never fails half way with ``SQLIT
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -54,15 +55,29 @@ class SqliteWriter:
             )
             for pragma in self._pragmas:
                 conn.execute(pragma)
-        conn.execute("BEGIN IMMEDIATE")
         try:
+            conn.execute("BEGIN IMMEDIATE")
             result = work(conn)
             conn.execute("COMMIT")
         except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
+            self._roll_back(conn)
             raise
         return result
+
+    def _roll_back(self, conn: sqlite3.Connection) -> None:
+        """Leave no transaction open behind a failure. If the rollback itself fails (a full
+        disk, an I/O error), the connection is closed and the next transaction opens a new one:
+        a connection stuck inside a transaction would fail every later ``BEGIN``."""
+        try:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            if not conn.in_transaction:
+                return
+        except sqlite3.Error:
+            pass
+        self._conn = None
+        with contextlib.suppress(sqlite3.Error):
+            conn.close()
 
     async def close(self) -> None:
         def close() -> None:

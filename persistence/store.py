@@ -12,7 +12,10 @@ Writes:
   must take, i.e. the length of the log once every earlier submission for the response has
   committed; the events carry ``expected_seq, expected_seq + 1, ...``. The future raises
   ``ConcurrencyError`` if that ``seq`` is taken or is not next, or if the log already ended,
-  ``NotFound`` if there is no such response, ``StoreError`` if the store failed. Submissions
+  ``NotFound`` if there is no such response, ``RefusedWrite`` if the database refused its data
+  (it fails alone: the other writes of its commit go through), ``StoreUnavailable`` if the
+  database stayed unavailable for longer than the store's retry time (the submission may or
+  may not be in the log: reload it). Submissions
   for one response commit in submission order, and one that fails makes the later ones for the
   same response fail too (their ``expected_seq`` is no longer next). A submission is written
   even if its future is cancelled: an append-only log cannot take it back.
@@ -35,6 +38,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Literal, Protocol
 
+from persistence.health import StoreHealth
 from persistence.lifecycle import TERMINAL_EVENT_TYPES
 from persistence.records import (
     AuditRecord,
@@ -92,6 +96,14 @@ def then(future: asyncio.Future[None], done: Done) -> None:
 
 
 class EventStore(Protocol):
+    #: Whether writes work now; every commit and ``probe`` updates it (``persistence.health``).
+    health: StoreHealth
+
+    async def probe(self) -> None:
+        """Try a real write and record the outcome in ``health`` (raises nothing for an
+        unavailable database)."""
+        ...
+
     async def create_response(self, new: NewResponse) -> None: ...
 
     def submit_create(self, new: NewResponse) -> asyncio.Future[None]: ...

@@ -44,7 +44,7 @@ def test_health_is_503_while_the_engine_is_dead(tmp_path: Path) -> None:
     settings = Settings(engine="echo", database_url=f"sqlite+aiosqlite:///{tmp_path / 'h.db'}")
     with serve(settings, engine=_DeadEngine(load_encoding(), ["gpt-oss-echo"])) as server:
         r = httpx.get(server.base_url + "/health")
-    assert r.status_code == 503 and r.json() == {"status": "unavailable"}
+    assert r.status_code == 503 and r.json() == {"status": "unavailable", "reason": "the engine is not healthy"}
 
 
 def test_gc_threshold_from_the_environment() -> None:

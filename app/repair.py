@@ -1,0 +1,196 @@
+"""The repair loop: every log ends, even when the database was away when it should have.
+
+A response whose writes the store gave up on (the database stayed unavailable past the store's
+retry time, see ``persistence.health``) is *stranded*: its generation stopped, its streams ended
+with an ``error`` event, but its log has no terminal event and the database cannot take one
+yet. The service hands it here, and this loop, running inside the server, closes it with
+``response.failed`` (``store_unavailable``) as soon as the database takes writes again, so a
+resumer gets a terminal event and nothing stays ``in_progress`` until some later restart.
+
+The same loop runs start-up recovery (closing what a previous process left in progress:
+``server_error``, "the server restarted") when the database could not be written at start
+(degraded start), and probes an unavailable database so ``/health`` and the admission of new
+writes recover by themselves, after a full disk is freed too.
+
+Closing a log replays what is durable (``ResponseBuilder.resume``: open items are closed first)
+and appends the terminal event at the next ``seq``. A stranded response whose row exists but
+whose log is empty (its first commit was the one lost) is given its ``response.created`` from
+the skeleton the service kept, then the terminal event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from app.live import stored_event
+from domain.builder import ResponseBuilder
+from domain.events import TERMINAL_TYPES
+from domain.projections import from_wire
+from persistence.errors import StoreUnavailable
+from persistence.store import EventStore
+
+__all__ = ["STORE_UNAVAILABLE", "Repairs", "store_unavailable_error"]
+
+log = logging.getLogger(__name__)
+
+#: ``error.code`` of a response closed because the database could not take its log.
+STORE_UNAVAILABLE = "store_unavailable"
+#: How often a healthy store is probed when nothing else wrote (so ``/health`` notices a
+#: database that went away while the server was idle).
+_IDLE_PROBE_S = 5.0
+
+
+def store_unavailable_error(retry_s: float) -> dict[str, Any]:
+    return {
+        "code": STORE_UNAVAILABLE,
+        "message": (
+            f"The database could not store this response for {retry_s:g} s; "
+            "its generation was stopped and what was stored is kept."
+        ),
+    }
+
+
+class Repairs:
+    """Stranded responses and pending start-up recovery, closed by one background task."""
+
+    def __init__(
+        self,
+        store: EventStore,
+        *,
+        interval_s: float,
+        new_id: Callable[[str], str],
+        is_live: Callable[[str], bool],
+    ) -> None:
+        self._store = store
+        self._interval_s = interval_s
+        self._new_id = new_id
+        self._is_live = is_live
+        #: response id -> (its ``error`` when closed, the Response skeleton for an empty log)
+        self._stranded: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}
+        self._recovery_pending = False
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._last_probe = time.monotonic()
+
+    # -- what the service reports ------------------------------------------------------------
+
+    def strand(self, response_id: str, skeleton: dict[str, Any], error: dict[str, Any]) -> None:
+        """``response_id``'s run stopped before its log got a terminal event: close it with
+        ``error`` once the database takes writes (at once if it does now)."""
+        self._stranded[response_id] = (error, skeleton)
+        self._wake.set()
+
+    def stranded(self, response_id: str) -> bool:
+        return response_id in self._stranded
+
+    @property
+    def pending(self) -> int:
+        return len(self._stranded) + self._recovery_pending
+
+    # -- start-up recovery ---------------------------------------------------------------------
+
+    async def recover(self) -> list[str]:
+        """Close every log a previous process left without a terminal event (``response.failed``,
+        ``server_error``, "the server restarted"), closing its open item first. If the database
+        cannot be written now, the rest is left to the loop (``pending``)."""
+        closed: list[str] = []
+        self._recovery_pending = True
+        for response_id in await self._store.unfinished():
+            if self._is_live(response_id) or response_id in self._stranded:
+                continue
+            error = {"code": "server_error", "message": "the server restarted"}
+            try:
+                if not await self.close(response_id, error, None):
+                    continue
+            except StoreUnavailable:
+                raise
+            except Exception:  # a log that cannot be replayed: say so, close the others
+                log.exception("response %s: could not be closed at start-up", response_id)
+                continue
+            closed.append(response_id)
+            log.warning("response %s: closed at start-up (the server restarted)", response_id)
+        self._recovery_pending = False
+        return closed
+
+    def schedule_recovery(self) -> None:
+        self._recovery_pending = True
+        self._wake.set()
+
+    # -- closing one log -----------------------------------------------------------------------
+
+    async def close(
+        self, response_id: str, error: dict[str, Any], skeleton: dict[str, Any] | None
+    ) -> bool:
+        """Append ``response.failed`` with ``error`` to the log, unless it has ended already.
+        True if this call closed it. Raises ``StoreError`` if the database failed."""
+        stored = await self._store.load(response_id)
+        events = [from_wire(e.type, e.seq, e.payload) for e in stored]
+        if events and events[-1].type in TERMINAL_TYPES:
+            return False
+        if events:
+            builder = ResponseBuilder.resume(events, new_id=self._new_id)
+        elif skeleton is not None and await self._store.get(response_id) is not None:
+            builder = ResponseBuilder(dict(skeleton), new_id=self._new_id)
+            builder.created(queued=False)
+        else:
+            return False  # no row, or nothing to rebuild it from
+        builder.finish("failed", usage=None, completed_at=int(time.time()), error=error)
+        await self._store.append(response_id, [stored_event(e) for e in builder.take()], len(events))
+        return True
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="app.repair")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def _run(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._interval_s):
+                    await self._wake.wait()
+            self._wake.clear()
+            try:
+                await self.run_once()
+            except Exception:  # never let one bad response stop the loop
+                log.exception("repair loop")
+
+    async def run_once(self) -> None:
+        """One round: probe the store if it is failing (or idle for a while), then, if it takes
+        writes, run pending recovery and close the stranded responses."""
+        health = self._store.health
+        now = time.monotonic()
+        if health.failing or now - max(self._last_probe, health.last_ok_at) >= _IDLE_PROBE_S:
+            self._last_probe = now
+            await self._store.probe()
+        if health.failing:
+            return
+        try:
+            if self._recovery_pending:
+                await self.recover()
+            for response_id, (error, skeleton) in list(self._stranded.items()):
+                try:
+                    closed = await self.close(response_id, error, skeleton)
+                except StoreUnavailable:
+                    raise
+                except Exception:  # refused or broken: retrying cannot help, say so once
+                    log.exception("response %s: could not be closed", response_id)
+                    closed = False
+                if closed:
+                    log.warning("response %s: closed after the database came back", response_id)
+                self._stranded.pop(response_id, None)
+        except StoreUnavailable as exc:
+            log.warning("repair: the database failed again (%s); will retry", exc)
+
