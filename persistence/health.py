@@ -61,6 +61,8 @@ def describe(exc: BaseException) -> str:
     """One line for an operator: the driver's own message, without SQLAlchemy's boilerplate."""
     orig = getattr(exc, "orig", None) or exc
     text = str(orig).strip().splitlines()[0] if str(orig).strip() else ""
+    if not text and isinstance(orig, TimeoutError):
+        text = "the database did not answer in time"
     return f"{type(orig).__name__}: {text}" if text else type(orig).__name__
 
 

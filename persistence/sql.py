@@ -541,14 +541,21 @@ class SqlStore:
         previous = self._last_plan if after_failure else None
         self._last_plan = None
         plan: _Plan
-        async with asyncio.timeout(self._statement_timeout_s):
-            if self._direct is not None:
-                plan = await self._direct.transaction(
-                    functools.partial(self._write_direct, batch, tails, unknown, previous)
-                )
-            else:
-                async with self._writer.connect() as conn:
-                    plan = await self._write_postgres(conn, batch, tails, unknown, previous)
+        try:
+            async with asyncio.timeout(self._statement_timeout_s):
+                if self._direct is not None:
+                    plan = await self._direct.transaction(
+                        functools.partial(self._write_direct, batch, tails, unknown, previous)
+                    )
+                else:
+                    async with self._writer.connect() as conn:
+                        plan = await self._write_postgres(conn, batch, tails, unknown, previous)
+        except TimeoutError as exc:
+            if str(exc):
+                raise
+            raise TimeoutError(
+                f"the database did not commit within {self._statement_timeout_s:g} s"
+            ) from None
         self._stats = CommitStats(
             self._stats.transactions + 1,
             self._stats.writes + plan.outcomes.count(None),

@@ -1,0 +1,163 @@
+"""A database outage while responses stream (issue 14), in-process: a real server, a real
+SQLite file, and another connection holding the database's write lock, as a second process or
+an operator's ``sqlite3`` session would.
+
+The stream ends with an ``error`` event (never a silent EOF), ``/health`` and new writes say
+503 while the database is away, and once it is back the running server closes the response
+``failed`` / ``store_unavailable``: GET shows it, a resumer receives the terminal event, and
+every event the client was sent is in the log as sent. (Faults of a whole database server,
+full disks and read-only files, with server processes, are in ``tests/faults``.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from app.encoding import load_encoding
+from app.engines.scripted import ScriptedEngine
+from app.settings import Settings
+from tests.e2e.conftest import harmony
+from tests.support.server import RunningServer, serve
+
+MODEL = "gpt-oss-outage"
+TEXT = " ".join(f"w{i}" for i in range(400))  # ~800 tokens at 5 ms: ~4 s of streaming
+
+
+@pytest.fixture
+def outage_server(tmp_path: Path) -> Iterator[tuple[RunningServer, Path, ScriptedEngine]]:
+    db = tmp_path / "outage.db"
+    engine = ScriptedEngine(load_encoding(), [MODEL], {"turns": []})
+    settings = Settings(
+        engine="scripted",
+        database_url=f"sqlite+aiosqlite:///{db}",
+        served_model_names=(MODEL,),
+        store_retry_s=0.8,
+        statement_timeout_s=0.2,
+        repair_interval_s=0.1,
+    )
+    with serve(settings, engine=engine) as server:
+        yield server, db, engine
+
+
+def _frames(chunk: str) -> list[tuple[str, dict[str, Any]]]:
+    out = []
+    for frame in chunk.split("\n\n"):
+        kind = data = None
+        for line in frame.split("\n"):
+            if line.startswith("event: "):
+                kind = line[7:]
+            elif line.startswith("data: "):
+                data = json.loads(line[6:])
+        if kind and data is not None:
+            out.append((kind, data))
+    return out
+
+
+class _Lock:
+    """The write lock held by another connection until ``release()``."""
+
+    def __init__(self, path: Path) -> None:
+        self._release = threading.Event()
+        taken = threading.Event()
+
+        def hold() -> None:
+            connection = sqlite3.connect(path, isolation_level=None, timeout=10)
+            try:
+                connection.execute("BEGIN IMMEDIATE")
+                taken.set()
+                self._release.wait(30)
+                connection.execute("ROLLBACK")
+            finally:
+                connection.close()
+
+        self._thread = threading.Thread(target=hold, daemon=True)
+        self._thread.start()
+        assert taken.wait(10)
+
+    def release(self) -> None:
+        self._release.set()
+        self._thread.join(10)
+
+
+async def test_an_outage_ends_the_stream_with_an_error_and_the_log_is_closed_after(
+    outage_server: tuple[RunningServer, Path, ScriptedEngine],
+) -> None:
+    server, db, engine = outage_server
+    engine.add_turns({"completion": harmony(("final", TEXT)), "token_delay_ms": 5})
+    body = {"model": MODEL, "input": "talk", "stream": True}
+    received: list[tuple[str, dict[str, Any]]] = []
+    lock: _Lock | None = None
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as client:
+        async with client.stream("POST", "/v1/responses", json=body) as stream:
+            assert stream.status_code == 200
+            buffer = ""
+            async for text in stream.aiter_text():
+                buffer += text
+                complete, _, buffer = buffer.rpartition("\n\n")
+                received.extend(_frames(complete))
+                if lock is None and len(received) >= 20:
+                    lock = _Lock(db)
+                    locked_at = time.monotonic()
+            received.extend(_frames(buffer))
+        assert lock is not None, "the response ended before the lock was taken"
+        try:
+            kind, error = received[-1]
+            assert kind == "error", received[-3:]
+            assert error["type"] == "error" and error["code"] == "store_unavailable"
+            assert error["sequence_number"] == received[-2][1]["sequence_number"] + 1
+            assert time.monotonic() - locked_at < 10
+            response_id = received[0][1]["response"]["id"]
+
+            health = await client.get("/health")
+            assert health.status_code == 503 and "database" in health.json()["reason"]
+            refused = await client.post("/v1/responses", json={"model": MODEL, "input": "hi"})
+            assert refused.status_code == 503 and int(refused.headers["retry-after"]) >= 1
+            assert refused.json()["error"]["code"] == "store_unavailable"
+            # a store=false response needs no database
+            ephemeral = await client.post(
+                "/v1/responses", json={"model": MODEL, "input": "hi", "store": False}
+            )
+            assert ephemeral.status_code == 200, ephemeral.text
+        finally:
+            lock.release()
+
+        async with asyncio.timeout(15):
+            while (await client.get(f"/v1/responses/{response_id}")).json()["status"] != "failed":
+                await asyncio.sleep(0.1)
+        final = (await client.get(f"/v1/responses/{response_id}")).json()
+        assert final["error"]["code"] == "store_unavailable"
+        assert (await client.get("/health")).status_code == 200
+
+        # every event the client was sent is in the log, as sent
+        log = (await client.get(f"/v1/responses/{response_id}/events")).json()["data"]
+        by_seq = {e["seq"]: e for e in log}
+        for kind, data in received[:-1]:
+            stored = by_seq[data["sequence_number"]]
+            payload = {k: v for k, v in data.items() if k not in ("type", "sequence_number")}
+            assert (stored["type"], stored["payload"]) == (kind, payload)
+        assert log[-1]["type"] == "response.failed"
+        assert [e["seq"] for e in log] == list(range(len(log)))
+
+        # a resumer from the last event it saw receives the rest, ending with the terminal event
+        last = received[-2][1]["sequence_number"]
+        resumed = await client.get(
+            f"/v1/responses/{response_id}", params={"stream": "true", "starting_after": last}
+        )
+        tail = _frames(resumed.text)
+        assert tail and tail[-1][0] == "response.failed"
+        assert tail[0][1]["sequence_number"] == last + 1
+
+        # and the server takes new responses again
+        engine.add_turns({"completion": harmony(("final", "back"))})
+        again = await client.post("/v1/responses", json={"model": MODEL, "input": "hi"})
+        assert again.status_code == 200 and again.json()["status"] == "completed"
