@@ -12,7 +12,9 @@ A turn may also set ``"token_delay_ms"`` (overrides the file's) and ``"error"`` 
 the engine fails with that message: how tests reach the ``response.failed`` path). Tests and the
 benchmark also pass the script as a dict.
 
-Every prompt is kept in :attr:`ScriptedEngine.prompts`, so tests can compare prompt token ids.
+The latest prompts (``PROMPTS_KEPT`` of them, so a long-running server does not grow by one
+prompt per request) are kept in :attr:`ScriptedEngine.prompts`, so tests can compare prompt token
+ids; :attr:`ScriptedEngine.prompt_count` counts them all.
 
 For the benchmark's latency figures, with ``BENCH_TOKEN_TIMES_DIR`` set the engine writes, for
 each request, ``<dir>/<request_id>.ns``: the ``time.monotonic_ns()`` at which it yielded each
@@ -22,6 +24,7 @@ uses the response id as the engine request id, so the file is named by the respo
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import threading
@@ -33,7 +36,10 @@ from openai_harmony import HarmonyEncoding
 
 from app.engines.echo import EchoEngine
 
-__all__ = ["ScriptedEngine", "load_script"]
+__all__ = ["PROMPTS_KEPT", "ScriptedEngine", "load_script"]
+
+#: How many of the latest prompts the engine keeps for inspection.
+PROMPTS_KEPT = 64
 
 
 def load_script(path: str | Path) -> dict[str, Any]:
@@ -53,7 +59,8 @@ class ScriptedEngine(EchoEngine):
         self._cycle = bool(script.get("cycle", False))
         self._lock = threading.Lock()
         self._next = 0
-        self.prompts: list[list[int]] = []
+        self.prompts: collections.deque[list[int]] = collections.deque(maxlen=PROMPTS_KEPT)
+        self.prompt_count = 0
         times_dir = os.environ.get("BENCH_TOKEN_TIMES_DIR")
         self.token_times_dir = Path(times_dir) if times_dir else None
 
@@ -64,6 +71,7 @@ class ScriptedEngine(EchoEngine):
     def completion_for(self, prompt_token_ids: Sequence[int]) -> tuple[str, float, str | None]:
         with self._lock:
             self.prompts.append(list(prompt_token_ids))
+            self.prompt_count += 1
             if self._cycle and self._turns:
                 self._next %= len(self._turns)
             turn = self._turns[self._next] if self._next < len(self._turns) else None

@@ -340,7 +340,7 @@ async def test_agents_tool_loop(
 
     TOOL_RAN.clear()
     engine.add_turns(*_agents_turns())
-    n = len(engine.prompts)
+    n = engine.prompt_count
     oai = AsyncOpenAI(base_url=ledger.base_url + "/v1", api_key="x", max_retries=0)
     result: Any
     try:
@@ -355,7 +355,7 @@ async def test_agents_tool_loop(
         await oai.close()
     assert result.final_output == "It is sunny in Paris."
     assert TOOL_RAN == ["Paris"]
-    assert len(engine.prompts) == n + 2
+    assert engine.prompt_count == n + 2
     second = load_encoding().decode_utf8(engine.prompts[-1])
     assert "sunny in Paris" in second  # the tool output reached the model
 
@@ -411,7 +411,7 @@ def test_codex_runs_a_command_through_the_ledger(
             )
         },
     )
-    n = len(engine.prompts)
+    n = engine.prompt_count
     started = time.monotonic()
     run = run_codex(
         "Run `echo ledger-ok` and tell me what it printed.",
@@ -427,6 +427,6 @@ def test_codex_runs_a_command_through_the_ledger(
     (command,) = run.items("command_execution")
     assert "ledger-ok" in command["aggregated_output"], run.describe()
     assert [m["text"] for m in run.items("agent_message")][-1] == "The command printed ledger-ok."
-    assert len(engine.prompts) == n + 2, run.describe()
+    assert engine.prompt_count == n + 2, run.describe()
     second = load_encoding().decode_utf8(engine.prompts[-1])
     assert "ledger-ok" in second.split("echo ledger-ok")[-1]  # the output, not just the call

@@ -297,7 +297,7 @@ def test_instructions_are_not_inherited(client: OpenAI, engine: ScriptedEngine) 
 def test_unknown_previous_response_is_404_before_generation(
     ledger: RunningServer, client: OpenAI, engine: ScriptedEngine, stream: bool
 ) -> None:
-    prompts = len(engine.prompts)
+    prompts = engine.prompt_count
     resp = post(
         ledger,
         {"model": MODEL, "input": "hi", "previous_response_id": "resp_nope", "stream": stream},
@@ -308,7 +308,7 @@ def test_unknown_previous_response_is_404_before_generation(
         client.responses.create(
             model=MODEL, input="hi", previous_response_id="resp_nope", stream=stream
         )
-    assert len(engine.prompts) == prompts
+    assert engine.prompt_count == prompts
 
 
 def test_deleted_previous_response_is_404_before_generation(
@@ -320,13 +320,13 @@ def test_deleted_previous_response_is_404_before_generation(
     client.responses.delete(gone.id)
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve(gone.id)
-    prompts = len(engine.prompts)
+    prompts = engine.prompt_count
     resp = post(ledger, {"model": MODEL, "input": "again", "previous_response_id": gone.id})
     error_of(resp, 404, code="previous_response_not_found", param="previous_response_id")
     # a chain with a deleted ancestor cannot be replayed either
     resp = post(ledger, {"model": MODEL, "input": "again", "previous_response_id": child.id})
     error_of(resp, 404, code="previous_response_not_found", param="previous_response_id")
-    assert len(engine.prompts) == prompts
+    assert engine.prompt_count == prompts
 
 
 def test_branching_from_one_parent(client: OpenAI, engine: ScriptedEngine) -> None:
@@ -364,7 +364,7 @@ def test_function_call_output_without_its_call_is_400(
     r1 = client.responses.create(model=MODEL, input="Weather?", tools=[WEATHER_TOOL])
     other = client.responses.create(model=MODEL, input="Weather elsewhere?", tools=[WEATHER_TOOL])
     foreign_call_id = other.output[-1].call_id  # a real call, but of another chain
-    prompts = len(engine.prompts)
+    prompts = engine.prompt_count
     for call_id in ("call_matches_nothing", foreign_call_id):
         body = {
             "model": MODEL,
@@ -375,7 +375,7 @@ def test_function_call_output_without_its_call_is_400(
         }
         err = error_of(post(ledger, body), 400, code="invalid_value", param="input[0].call_id")
         assert call_id in err["message"]
-    assert len(engine.prompts) == prompts
+    assert engine.prompt_count == prompts
 
 
 # == 2. Model validation =========================================================================
@@ -385,7 +385,7 @@ def test_function_call_output_without_its_call_is_400(
 def test_unknown_model_is_404_before_generation(
     ledger: RunningServer, client: OpenAI, engine: ScriptedEngine, stream: bool
 ) -> None:
-    prompts = len(engine.prompts)
+    prompts = engine.prompt_count
     err = error_of(
         post(ledger, {"model": "gpt-5-unknown", "input": "hi", "stream": stream}),
         404,
@@ -396,7 +396,7 @@ def test_unknown_model_is_404_before_generation(
     with pytest.raises(openai.NotFoundError) as raised:
         client.responses.create(model="gpt-5-unknown", input="hi", stream=stream)
     assert raised.value.code == "model_not_found"
-    assert len(engine.prompts) == prompts
+    assert engine.prompt_count == prompts
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "streamed"])
@@ -415,13 +415,13 @@ def test_models_lists_exactly_what_is_accepted(
     for name in listed:
         engine.add_turns(final(f"served by {name}"))
         assert client.responses.create(model=name, input="hi").output_text == f"served by {name}"
-    prompts = len(engine.prompts)
+    prompts = engine.prompt_count
     for name in (MODEL.upper(), MODEL + "-x", "gpt-oss", " " + MODEL):
         assert name not in listed
         error_of(
             post(ledger, {"model": name, "input": "hi"}), 404, code="model_not_found", param="model"
         )
-    assert len(engine.prompts) == prompts
+    assert engine.prompt_count == prompts
 
 
 # == 3. tool_choice ==============================================================================
@@ -582,7 +582,7 @@ def test_impossible_tool_choice_is_400_before_generation(
     choice: Any,
     needle: str,
 ) -> None:
-    prompts = len(engine.prompts)
+    prompts = engine.prompt_count
     for stream in (False, True):
         resp = post(
             ledger,
@@ -596,7 +596,7 @@ def test_impossible_tool_choice_is_400_before_generation(
         )
         err = error_of(resp, 400, code="invalid_value", param="tool_choice")
         assert needle in err["message"]
-    assert len(engine.prompts) == prompts
+    assert engine.prompt_count == prompts
 
 
 # == 4. Custom tools =============================================================================
@@ -758,7 +758,7 @@ def test_tampered_encrypted_content_is_400(
     blob: str = reasoning.encrypted_content
     middle = len(blob) // 2
     flipped = blob[:middle] + ("A" if blob[middle] != "A" else "B") + blob[middle + 1 :]
-    prompts = len(engine.prompts)
+    prompts = engine.prompt_count
     for bad in (flipped, blob[:-8], "not-a-blob", blob + "AAAA"):
         body = {
             "model": MODEL,
@@ -776,7 +776,7 @@ def test_tampered_encrypted_content_is_400(
         assert resp.status_code == 400, (bad, resp.text)
         err = error_of(resp, 400, code="invalid_encrypted_content", param=err_param(resp))
         assert err["param"] == "input[1].encrypted_content"
-    assert len(engine.prompts) == prompts
+    assert engine.prompt_count == prompts
 
 
 def err_param(resp: httpx.Response) -> Any:
@@ -947,14 +947,14 @@ def test_background_create_stream_starts_queued(
 def test_background_requires_store(
     ledger: RunningServer, client: OpenAI, engine: ScriptedEngine
 ) -> None:
-    prompts = len(engine.prompts)
+    prompts = engine.prompt_count
     for stream in (False, True):
         body = {"model": MODEL, "input": "hi", "background": True, "store": False, "stream": stream}
         err = error_of(post(ledger, body), 400, code="invalid_value", param="background")
         assert "store" in err["message"]
     with pytest.raises(openai.BadRequestError):
         client.responses.create(model=MODEL, input="hi", background=True, store=False)
-    assert len(engine.prompts) == prompts
+    assert engine.prompt_count == prompts
 
 
 def test_cancel_running_background_aborts_the_engine(

@@ -11,7 +11,7 @@ import pytest
 from app.encoding import load_encoding
 from app.engines.echo import EchoEngine
 from app.engines.protocol import EngineChunk, Sampling
-from app.engines.scripted import ScriptedEngine
+from app.engines.scripted import PROMPTS_KEPT, ScriptedEngine
 
 ENC = load_encoding()
 STOPS = (200002, 200012)
@@ -111,3 +111,13 @@ async def test_paced_streams_share_steps_and_one_cancelled_stream_stops_no_other
         await doomed
     # 21 streams advanced together: a handful of steps, not one timer per stream per token
     assert 5 <= clock.steps <= 8, clock.steps
+
+
+async def test_the_scripted_engine_keeps_only_the_latest_prompts() -> None:
+    """A long-running scripted server must not grow by one prompt per request (issue 14)."""
+    engine = ScriptedEngine(load_encoding(), ["m"], {"turns": [{"completion": "<|return|>"}], "cycle": True})
+    for n in range(PROMPTS_KEPT + 10):
+        async for _ in engine.generate([n], Sampling(stop_token_ids=STOPS), f"r{n}"):
+            pass
+    assert engine.prompt_count == PROMPTS_KEPT + 10
+    assert len(engine.prompts) == PROMPTS_KEPT and engine.prompts[-1] == [PROMPTS_KEPT + 9]
