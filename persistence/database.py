@@ -19,6 +19,7 @@ PostgreSQL (through asyncpg) needs none of this; one engine serves readers and t
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any, Literal
@@ -33,12 +34,16 @@ __all__ = [
     "Synchronous",
     "async_url",
     "create_engine",
+    "on_read_only_filesystem",
     "sqlite_path",
 ]
 
 DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./data/responses.db"
 
-Role = Literal["writer", "reader", "migrations"]
+#: ``snapshot``: a SQLite reader for a file on a read-only filesystem, opened ``immutable``
+#: (a WAL database closed cleanly has no ``-shm`` file, and one cannot be made there, so no
+#: ordinary connection can open it); it sees the file as it is and nothing written later.
+Role = Literal["writer", "reader", "migrations", "snapshot"]
 Synchronous = Literal["FULL", "NORMAL"]
 
 _ASYNC_DRIVERS = {"sqlite": "sqlite+aiosqlite", "postgresql": "postgresql+asyncpg"}
@@ -144,10 +149,24 @@ def _switch_to_wal(cursor: Any, busy_timeout_ms: int) -> None:
         time.sleep(0.01)  # start-up only: blocking this process's loop briefly is fine
 
 
+def on_read_only_filesystem(path: Path) -> bool:
+    """Whether ``path`` is an existing file on a filesystem mounted read-only."""
+    try:
+        return path.exists() and bool(os.statvfs(path.parent).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+
+
 def _sqlite_engine(
     url: URL, *, role: Role, synchronous: Synchronous, busy_timeout_ms: int, pool_size: int
 ) -> AsyncEngine:
-    if role == "migrations":
+    if role == "snapshot":
+        path = sqlite_path(url)
+        assert path is not None
+        snapshot = url.set(database=f"file:{path.resolve()}", query={"immutable": "1", "uri": "true"})
+        engine = create_async_engine(snapshot, pool_size=pool_size, max_overflow=pool_size)
+        pragmas = [f"PRAGMA busy_timeout = {busy_timeout_ms}", "PRAGMA foreign_keys = ON"]
+    elif role == "migrations":
         # Foreign keys stay OFF here: batch migrations recreate tables, and with them ON
         # dropping a parent table would cascade-delete every event. A migration runs in one
         # BEGIN IMMEDIATE transaction, so two processes starting at once take turns.
@@ -164,7 +183,7 @@ def _sqlite_engine(
             f"PRAGMA synchronous = {synchronous}",
             "PRAGMA foreign_keys = ON",
         ]
-    begin = "BEGIN" if role == "reader" else "BEGIN IMMEDIATE"
+    begin = "BEGIN" if role in ("reader", "snapshot") else "BEGIN IMMEDIATE"
 
     def on_connect(dbapi_connection: Any, _record: object) -> None:
         dbapi_connection.isolation_level = None  # we emit BEGIN ourselves (see on_begin)

@@ -67,9 +67,11 @@ async def check_async(database_url: str | URL) -> None:
     await _with_connection(database_url, command.check)
 
 
-async def current_async(database_url: str | URL) -> str | None:
-    """The revision the database is at, or None for an empty database."""
-    engine = create_engine(database_url, role="reader")  # reads only: works on a read-only file
+async def current_async(database_url: str | URL, *, snapshot: bool = False) -> str | None:
+    """The revision the database is at, or None for an empty database (``snapshot``: a SQLite
+    file on a read-only filesystem, see ``persistence.database``)."""
+    # reads only: works on a read-only file
+    engine = create_engine(database_url, role="snapshot" if snapshot else "reader")
     try:
         async with engine.connect() as connection:
             return await connection.run_sync(_current_revision)

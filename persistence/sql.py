@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import errno
 import functools
 import logging
 import sqlite3
@@ -52,7 +53,13 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from persistence.database import Synchronous, create_engine, sqlite_path
+from persistence.database import (
+    Synchronous,
+    async_url,
+    create_engine,
+    on_read_only_filesystem,
+    sqlite_path,
+)
 from persistence.errors import (
     ConcurrencyError,
     NotFound,
@@ -139,7 +146,11 @@ async def open_store(
     if statement_timeout_s <= 0:
         raise ValueError("statement_timeout_s must be > 0")
     degraded: BaseException | None = None
-    if migrate:
+    path = sqlite_path(async_url(database_url))
+    read_only = path is not None and on_read_only_filesystem(path)
+    if read_only:
+        degraded = await _open_read_only(database_url)
+    elif migrate:
         degraded = await _migrate_or_degrade(database_url)
     options: dict[str, Any] = {
         "synchronous": sqlite_synchronous,
@@ -148,18 +159,18 @@ async def open_store(
         "statement_timeout_s": statement_timeout_s,
     }
     writer = create_engine(database_url, role="writer", **options)
-    is_sqlite = sqlite_path(writer.url) is not None
-    reader = create_engine(database_url, role="reader", **options) if is_sqlite else writer
+    is_sqlite = path is not None
+    reader_role: Any = "snapshot" if read_only else "reader"
+    reader = create_engine(database_url, role=reader_role, **options) if is_sqlite else writer
     # Connect once now: a database that cannot be reached fails the start, not the first
     # request, and SQLite is switched to WAL before anyone reads.
     try:
-        async with writer.connect():
+        async with (reader if read_only else writer).connect():
             pass
     except (SQLAlchemyError, OSError) as exc:
         await writer.dispose()
         await reader.dispose()
         raise _store_error(exc) from exc
-    path = sqlite_path(writer.url)
     direct = (
         None
         if path is None
@@ -173,10 +184,25 @@ async def open_store(
         direct=direct,
         retry_s=retry_s,
         statement_timeout_s=statement_timeout_s,
+        reopen_reader=(
+            (lambda: create_engine(database_url, role="reader", **options)) if read_only else None
+        ),
     )
     if degraded is not None:
         store.health.failed(degraded)
     return store
+
+
+async def _open_read_only(database_url: str) -> BaseException:
+    """A SQLite file on a read-only filesystem: readable (as a snapshot) if it is at head."""
+    revision = await current_async(database_url, snapshot=True)
+    if revision != head_revision():
+        raise StoreUnavailable(
+            f"the database is at revision {revision!r}, needs {head_revision()!r}, and its "
+            "filesystem is read-only"
+        )
+    _log.warning("the database's filesystem is read-only: starting degraded (reads only)")
+    return OSError(errno.EROFS, "the database's filesystem is read-only")
 
 
 async def _migrate_or_degrade(database_url: str) -> BaseException | None:
@@ -281,6 +307,7 @@ class SqlStore:
         direct: SqliteWriter | None = None,
         retry_s: float = 20.0,
         statement_timeout_s: float = 5.0,
+        reopen_reader: Callable[[], AsyncEngine] | None = None,
     ) -> None:
         self._writer = writer
         self._reader = reader
@@ -301,6 +328,8 @@ class SqlStore:
         self.health = StoreHealth(retry_s)
         # The plan of the last transaction attempted, for a retry to recognise it in the log.
         self._last_plan: _Plan | None = None
+        # Opened on a read-only filesystem: readers see a snapshot until writes work again.
+        self._reopen_reader = reopen_reader
 
     @property
     def stats(self) -> CommitStats:
@@ -447,6 +476,10 @@ class SqlStore:
             if self._postgres:
                 await self._reset_connections()
             return
+        if self._reopen_reader is not None:  # writable again: read what gets written now
+            snapshot, self._reader = self._reader, self._reopen_reader()
+            self._reopen_reader = None
+            await snapshot.dispose()
         self.health.succeeded()
 
     async def close(self) -> None:

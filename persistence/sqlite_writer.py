@@ -59,19 +59,21 @@ class SqliteWriter:
             conn.execute("BEGIN IMMEDIATE")
             result = work(conn)
             conn.execute("COMMIT")
-        except BaseException:
-            self._roll_back(conn)
+        except BaseException as exc:
+            self._roll_back(conn, reopen=isinstance(exc, sqlite3.OperationalError))
             raise
         return result
 
-    def _roll_back(self, conn: sqlite3.Connection) -> None:
-        """Leave no transaction open behind a failure. If the rollback itself fails (a full
-        disk, an I/O error), the connection is closed and the next transaction opens a new one:
-        a connection stuck inside a transaction would fail every later ``BEGIN``."""
+    def _roll_back(self, conn: sqlite3.Connection, *, reopen: bool) -> None:
+        """Leave no transaction open behind a failure. After an operational error (locked,
+        full, read-only, I/O) the connection is closed and the next transaction opens a new
+        one: a connection that SQLite opened read-only (its filesystem was) stays read-only
+        after the filesystem is writable again, and one stuck inside a transaction (its
+        rollback failed too) would fail every later ``BEGIN``."""
         try:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
-            if not conn.in_transaction:
+            if not conn.in_transaction and not reopen:
                 return
         except sqlite3.Error:
             pass
