@@ -109,7 +109,6 @@ _log = logging.getLogger(__name__)
 # other failure is either the database being unavailable (``persistence.health.is_unavailable``:
 # retried) or the data being refused (that submission fails alone).
 _CONSTRAINT = (IntegrityError, sqlite3.IntegrityError, asyncpg.IntegrityConstraintViolationError)
-_FAILED = (SQLAlchemyError, sqlite3.Error, asyncpg.PostgresError, asyncpg.InterfaceError, OSError)
 # First pause between retries of a commit the database did not take, doubled up to the cap.
 _RETRY_FIRST_S = 0.05
 _RETRY_CAP_S = 1.0
