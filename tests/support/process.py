@@ -33,7 +33,7 @@ import httpx
 
 from tests.support.server import free_port
 
-__all__ = ["ServerProcess", "command"]
+__all__ = ["ServerDidNotStart", "ServerProcess", "command"]
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -51,6 +51,14 @@ _SCRUBBED = (
     "RESPONSES_LEDGER_STATEMENT_TIMEOUT_S",
     "RESPONSES_LEDGER_REPAIR_INTERVAL_S",
 )
+
+
+class ServerDidNotStart(AssertionError):
+    """The process exited (``returncode``) or never became ready (``returncode`` None)."""
+
+    def __init__(self, message: str, returncode: int | None) -> None:
+        super().__init__(message)
+        self.returncode = returncode
 
 
 def command() -> str:
@@ -124,8 +132,9 @@ class ServerProcess:
         deadline = time.monotonic() + timeout_s
         while True:
             if self.proc.poll() is not None:
-                raise AssertionError(
-                    f"the server {self.name!r} exited ({self.proc.returncode}):\n{self.log_text()}"
+                raise ServerDidNotStart(
+                    f"the server {self.name!r} exited ({self.proc.returncode}):\n{self.log_text()}",
+                    self.proc.returncode,
                 )
             try:
                 status = httpx.get(self.base_url + "/health", timeout=2).status_code
@@ -134,9 +143,10 @@ class ServerProcess:
             if status is not None and (ready == "listening" or status == 200):
                 return status
             if time.monotonic() > deadline:
-                raise AssertionError(
+                raise ServerDidNotStart(
                     f"the server {self.name!r} did not become {ready} within {timeout_s} s "
-                    f"(last /health: {status}):\n{self.log_text()}"
+                    f"(last /health: {status}):\n{self.log_text()}",
+                    None,
                 )
             time.sleep(0.05)
 
