@@ -8,12 +8,7 @@ closed ``incomplete``, and the stream stays resumable up to that terminal event.
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,92 +22,19 @@ from app.encoding import load_encoding
 from app.engines.scripted import ScriptedEngine
 from app.settings import Settings
 from tests.e2e.conftest import harmony, sse_events
-from tests.support.server import free_port, serve
+from tests.support.process import ServerProcess
+from tests.support.server import serve
 from tests.support.stream_checker import check_stream
 
-REPO = Path(__file__).resolve().parents[2]
 MODEL = "gpt-oss-recovery"
 REASONING = "Let me think this through."
 TERMINALS = ("response.completed", "response.incomplete", "response.failed", "response.cancelled")
 WORDS = " ".join(f"word{i}" for i in range(300))  # ~600 tokens at 40 ms: far longer than the test
 
 
-def _command() -> str:
-    local = Path(sys.executable).parent / "responses-ledger"
-    found = str(local) if local.exists() else shutil.which("responses-ledger")
-    assert found, "the responses-ledger command is not installed"
-    return found
-
-
-class Process:
-    def __init__(self, tmp: Path, name: str, db: Path, turns: list[dict[str, Any]]) -> None:
-        script = tmp / f"{name}.json"
-        script.write_text(json.dumps({"turns": turns}))
-        self.port = free_port()
-        self.base_url = f"http://127.0.0.1:{self.port}"
-        self.log = tmp / f"{name}.log"
-        env = {**os.environ, "RESPONSES_LEDGER_CACHE": str(REPO / ".cache")}
-        for var in (
-            "DATABASE_URL",
-            "RESPONSES_LEDGER_RECOVER_ON_START",
-            "RESPONSES_LEDGER_MODEL_ALIASES",
-        ):
-            env.pop(var, None)
-        with self.log.open("wb") as out:
-            self.proc = subprocess.Popen(
-                [
-                    _command(),
-                    "serve",
-                    "--engine",
-                    "scripted",
-                    "--script",
-                    str(script),
-                    "--database-url",
-                    f"sqlite+aiosqlite:///{db}",
-                    "--port",
-                    str(self.port),
-                    "--served-model-name",
-                    MODEL,
-                    "--log-level",
-                    "warning",
-                ],
-                cwd=REPO,
-                env=env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
-        deadline = time.monotonic() + 60
-        while True:
-            if self.proc.poll() is not None:
-                raise AssertionError(
-                    f"the server exited ({self.proc.returncode}):\n{self.log.read_text()}"
-                )
-            try:
-                if httpx.get(self.base_url + "/health", timeout=1).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                self.stop()
-                raise AssertionError(f"the server did not become ready:\n{self.log.read_text()}")
-            time.sleep(0.05)
-
-    def kill(self) -> None:
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(timeout=30)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.kill()
-
-
 @pytest.fixture
-def processes() -> Iterator[list[Process]]:
-    started: list[Process] = []
+def processes() -> Iterator[list[ServerProcess]]:
+    started: list[ServerProcess] = []
     yield started
     for process in started:
         process.stop()
@@ -136,11 +58,13 @@ def _replay(base_url: str, response_id: str, after: int | None = None) -> list[d
 
 
 def test_killed_server_closes_the_response_at_restart(
-    tmp_path: Path, processes: list[Process]
+    tmp_path: Path, processes: list[ServerProcess]
 ) -> None:
     db = tmp_path / "responses.db"
     slow = {"completion": harmony(("analysis", REASONING), ("final", WORDS)), "token_delay_ms": 40}
-    first = Process(tmp_path, "first", db, [slow])
+    first = ServerProcess(
+        tmp_path, "first", f"sqlite+aiosqlite:///{db}", {"turns": [slow]}, model=MODEL
+    )
     processes.append(first)
 
     resp = httpx.post(
