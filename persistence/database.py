@@ -34,7 +34,7 @@ __all__ = [
     "Synchronous",
     "async_url",
     "create_engine",
-    "on_read_only_filesystem",
+    "needs_snapshot",
     "sqlite_path",
 ]
 
@@ -149,10 +149,14 @@ def _switch_to_wal(cursor: Any, busy_timeout_ms: int) -> None:
         time.sleep(0.01)  # start-up only: blocking this process's loop briefly is fine
 
 
-def on_read_only_filesystem(path: Path) -> bool:
-    """Whether ``path`` is an existing file on a filesystem mounted read-only."""
+def needs_snapshot(path: Path) -> bool:
+    """Whether the SQLite file ``path`` can only be read as an immutable snapshot: it is on a
+    filesystem mounted read-only and has no ``-shm`` file (it was closed cleanly, so its WAL was
+    checkpointed into it). With a ``-shm`` file left (a killed process) ordinary read-only
+    connections work, and see what the WAL still holds, which a snapshot would not."""
     try:
-        return path.exists() and bool(os.statvfs(path.parent).f_flag & os.ST_RDONLY)
+        read_only = bool(os.statvfs(path.parent).f_flag & os.ST_RDONLY)
+        return read_only and path.exists() and not path.with_name(path.name + "-shm").exists()
     except OSError:
         return False
 

@@ -32,11 +32,30 @@ _PG_UNAVAILABLE_STATES = ("25006", "40001", "40P01", "55P03")
 
 def is_unavailable(exc: BaseException) -> bool:
     """True when ``exc`` says the database is unavailable (retry later), False when it says the
-    data was refused (or is a bug: never retried, never blamed on the database)."""
-    if isinstance(exc, sa_exc.DBAPIError) and exc.orig is not None:
-        if isinstance(exc, sa_exc.OperationalError | sa_exc.InterfaceError):
+    data was refused (or is a bug: never retried, never blamed on the database).
+
+    SQLAlchemy wraps the driver's exception (``orig``), and its asyncpg adapter wraps asyncpg's
+    once more (the adapter's ``Error``, raised ``from`` the original): the whole chain is read,
+    and any link that says "unavailable" decides."""
+    seen: set[int] = set()
+    link: BaseException | None = exc
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        if _unavailable_here(link):
             return True
-        return is_unavailable(exc.orig)
+        orig = getattr(link, "orig", None)
+        link = orig if isinstance(orig, BaseException) else link.__cause__
+    return False
+
+
+def _unavailable_here(exc: BaseException) -> bool:
+    state = getattr(exc, "sqlstate", None) or getattr(exc, "pgcode", None)
+    if isinstance(state, str) and (
+        state[:2] in _PG_UNAVAILABLE_CLASSES or state in _PG_UNAVAILABLE_STATES
+    ):
+        return True
+    if isinstance(exc, sa_exc.DBAPIError) and exc.orig is not None:
+        return isinstance(exc, sa_exc.OperationalError | sa_exc.InterfaceError)
     if isinstance(exc, sa_exc.TimeoutError | sa_exc.DisconnectionError):
         return True  # the pool could not hand out a connection in time
     if isinstance(exc, sa_exc.SQLAlchemyError):

@@ -57,7 +57,7 @@ from persistence.database import (
     Synchronous,
     async_url,
     create_engine,
-    on_read_only_filesystem,
+    needs_snapshot,
     sqlite_path,
 )
 from persistence.errors import (
@@ -146,7 +146,7 @@ async def open_store(
         raise ValueError("statement_timeout_s must be > 0")
     degraded: BaseException | None = None
     path = sqlite_path(async_url(database_url))
-    read_only = path is not None and on_read_only_filesystem(path)
+    read_only = path is not None and needs_snapshot(path)
     if read_only:
         degraded = await _open_read_only(database_url)
     elif migrate:
@@ -474,6 +474,12 @@ class SqlStore:
             self.health.failed(exc)
             if self._postgres:
                 await self._reset_connections()
+            elif "readonly" in describe(exc).lower():
+                # SQLite shares one ``-shm`` mapping among a process's connections to a file; if
+                # they opened it while the file could not be written it stays read-only for
+                # every new one, the writer's too, until all of them are closed
+                await self._reader.dispose()
+                await self._writer.dispose()
             return
         if self._reopen_reader is not None:  # writable again: read what gets written now
             snapshot, self._reader = self._reader, self._reopen_reader()
@@ -525,6 +531,9 @@ class SqlStore:
         commit whose answer was lost may have gone through, and then nothing is written twice."""
         after_failure = False
         pause = _RETRY_FIRST_S
+        # This batch's own limit: a probe that succeeds between attempts (a full disk can take
+        # a small in-place write and still refuse the batch) must not restart its retry time.
+        deadline: float | None = None
         while True:
             try:
                 outcomes = await self._write(batch, fresh=after_failure, after_failure=after_failure)
@@ -533,6 +542,10 @@ class SqlStore:
                 if not is_unavailable(exc):
                     return exc
                 left = self.health.failed(exc)
+                now = time.monotonic()
+                if deadline is None:
+                    deadline = now + left
+                left = min(left, deadline - now)
                 if not after_failure:
                     _log.warning(
                         "commit failed (%s); retrying for up to %.1f s", describe(exc), max(left, 0)
