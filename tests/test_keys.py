@@ -185,3 +185,24 @@ def test_serve_on_a_public_address_runs_open_when_told_or_with_a_key(tmp_path: P
     finally:
         proc.terminate()
         proc.communicate(timeout=60)
+
+
+def test_key_settings_from_the_environment() -> None:
+    from app.settings import Settings
+
+    settings = Settings.from_env(
+        {
+            "RESPONSES_LEDGER_API_KEY": "k",
+            "RESPONSES_LEDGER_REQUIRE_API_KEY": "false",
+            "RESPONSES_LEDGER_RUN_OPEN": "yes",
+            "RESPONSES_LEDGER_KEY_CACHE_S": "2.5",
+            "RESPONSES_LEDGER_ALLOWED_HOSTS": "a.example, b.example",
+            "RESPONSES_LEDGER_CORS_ORIGINS": "https://app.example",
+        }
+    )
+    assert (settings.api_key, settings.require_api_key, settings.run_open) == ("k", False, True)
+    assert settings.key_cache_s == 2.5
+    assert settings.allowed_hosts == ("a.example", "b.example")
+    assert settings.cors_origins == ("https://app.example",)
+    plain = Settings.from_env({})
+    assert (plain.api_key, plain.require_api_key, plain.run_open, plain.cors_origins) == (None, None, False, ())
