@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sqlite3
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -15,12 +14,15 @@ from typing import Any
 
 import httpx
 import pytest
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import create_async_engine
 
 from app.encoding import load_encoding
 from app.engines.scripted import ScriptedEngine
 from app.keys import create_key
 from app.settings import Settings
 from persistence.sql import open_store
+from tests.support.postgres import create_database, drop_database, unavailable
 from tests.support.server import RunningServer, serve
 
 MODEL = "gpt-oss-test"
@@ -31,7 +33,7 @@ STATIC = "static-key-for-tests"
 class Ledger:
     server: RunningServer
     engine: ScriptedEngine
-    db: Path
+    database_url: str
     keys: dict[str, str]  # who -> key
     key_ids: dict[str, str]
 
@@ -68,10 +70,24 @@ async def _make_keys(url: str) -> tuple[dict[str, str], dict[str, str]]:
     return keys, ids
 
 
-@pytest.fixture(scope="module")
-def ledger(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ledger]:
-    db = tmp_path_factory.mktemp("keys") / "responses.db"
-    url = f"sqlite+aiosqlite:///{db}"
+@pytest.fixture(scope="module", params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def ledger(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ledger]:
+    if request.param == "sqlite":
+        db: Path = tmp_path_factory.mktemp("keys") / "responses.db"
+        url = f"sqlite+aiosqlite:///{db}"
+    else:
+        reason = asyncio.run(unavailable())
+        if reason is not None:
+            pytest.skip(reason)
+        url = asyncio.run(create_database("ledger_keys"))
+    try:
+        yield from _ledger(url)
+    finally:
+        if request.param == "postgres":
+            asyncio.run(drop_database(url))
+
+
+def _ledger(url: str) -> Iterator[Ledger]:
     keys, ids = asyncio.run(_make_keys(url))
     engine = ScriptedEngine(load_encoding(), [MODEL], {"turns": []})
     settings = Settings(
@@ -82,7 +98,34 @@ def ledger(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ledger]:
         key_cache_s=0.3,
     )
     with serve(settings, engine=engine) as server:
-        yield Ledger(server, engine, db, keys, ids)
+        yield Ledger(server, engine, url, keys, ids)
+
+
+def _stored(ledger: Ledger, rid: str) -> tuple[str, str | None] | None:
+    """The response's (project, api_key_id) as the database has it, or None."""
+
+    async def read() -> tuple[str, str | None] | None:
+        store = await open_store(ledger.database_url, migrate=False)
+        try:
+            row = await store.get(rid)
+            return None if row is None else (row.project, row.api_key_id)
+        finally:
+            await store.close()
+
+    return asyncio.run(read())
+
+
+def _chained_onto(ledger: Ledger, rid: str) -> int:
+    async def count() -> int:
+        engine = create_async_engine(ledger.database_url)
+        try:
+            async with engine.connect() as conn:
+                query = text("SELECT count(*) FROM responses WHERE previous_response_id = :rid")
+                return int((await conn.execute(query, {"rid": rid})).scalar_one())
+        finally:
+            await engine.dispose()
+
+    return asyncio.run(count())
 
 
 def _create(ledger: Ledger, who: str, **body: Any) -> dict[str, Any]:
@@ -142,24 +185,25 @@ def test_another_projects_response_is_exactly_a_missing_one(ledger: Ledger) -> N
             assert theirs.text.replace(rid, "ID") == absent.text.replace(missing, "ID"), (who, path)
     # nothing changed: alpha still reads it whole, and nothing was chained or deleted
     assert ledger.call("GET", f"/v1/responses/{rid}", "alpha").json()["status"] == "completed"
-    with sqlite3.connect(ledger.db) as db:
-        assert db.execute("SELECT count(*) FROM responses WHERE previous_response_id = ?", (rid,)).fetchone() == (0,)
+    assert _chained_onto(ledger, rid) == 0
 
 
 def test_the_owner_reaches_every_route(ledger: Ledger) -> None:
     first = _create(ledger, "alpha", background=True)
     rid = first["id"]
-    with sqlite3.connect(ledger.db) as db:
-        row = db.execute("SELECT project, api_key_id FROM responses WHERE id = ?", (rid,)).fetchone()
-    assert row == ("alpha", ledger.key_ids["alpha"])
+    assert _stored(ledger, rid) == ("alpha", ledger.key_ids["alpha"])
     expected = {f"/v1/responses/{rid}/cancel": 400}  # it completed: nothing to cancel
     for method, path, kwargs in _routes(rid):
         r = ledger.call(method, path, "alpha", **kwargs)
         assert r.status_code == expected.get(path, 200), (method, path, r.text)
         if r.status_code == 400:
             assert "Cannot cancel" in r.json()["error"]["message"]
+        if path == "/v1/responses":
+            chained = r.json()["id"]
     # the chained turn belongs to alpha too, and the DELETE (last) removed the first
+    assert _stored(ledger, chained) == ("alpha", ledger.key_ids["alpha"])
     assert ledger.call("GET", f"/v1/responses/{rid}", "alpha").status_code == 404
+    assert _stored(ledger, rid) is None
 
 
 def test_admin_reads_every_projects_audit_but_nothing_else(ledger: Ledger) -> None:
@@ -177,11 +221,7 @@ def test_admin_reads_every_projects_audit_but_nothing_else(ledger: Ledger) -> No
 
 def test_the_static_key_is_the_default_project(ledger: Ledger) -> None:
     rid = _create(ledger, STATIC)["id"]
-    with sqlite3.connect(ledger.db) as db:
-        assert db.execute("SELECT project, api_key_id FROM responses WHERE id = ?", (rid,)).fetchone() == (
-            "default",
-            None,
-        )
+    assert _stored(ledger, rid) == ("default", None)
     assert ledger.call("GET", f"/v1/responses/{rid}", "alpha").status_code == 404
     assert ledger.call("GET", "/v1/models", STATIC).status_code == 200
 
@@ -190,7 +230,7 @@ def test_a_key_revoked_while_the_server_runs_stops_working(ledger: Ledger) -> No
     assert ledger.call("GET", "/v1/models", "late").status_code == 200  # verified and cached
 
     async def revoke() -> None:
-        store = await open_store(f"sqlite+aiosqlite:///{ledger.db}")
+        store = await open_store(ledger.database_url, migrate=False)
         try:
             assert await store.revoke_api_key(ledger.key_ids["late"])
         finally:
