@@ -39,7 +39,9 @@ class KeyAuth:
         state = scope["app"].state
         ring: KeyRing | None = getattr(state, "keys", None)
         if ring is None:  # still starting: no one is let in before the keys are known
-            await _answer(scope, receive, send, APIError(503, "The server is starting.", type="server_error"))
+            await _answer(
+                scope, receive, send, APIError(503, "The server is starting.", type="server_error")
+            )
             return
         caller: Caller = OPEN_CALLER
         if ring.required:
@@ -90,7 +92,10 @@ def _unauthorized(presented: bool) -> APIError:
         "header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY)."
     )
     return APIError(
-        401, message, code="invalid_api_key", headers={"WWW-Authenticate": 'Bearer realm="responses-ledger"'}
+        401,
+        message,
+        code="invalid_api_key",
+        headers={"WWW-Authenticate": 'Bearer realm="responses-ledger"'},
     )
 
 

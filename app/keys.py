@@ -85,9 +85,7 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-async def keys_required(
-    required: bool | None, static_key: str | None, store: EventStore
-) -> bool:
+async def keys_required(required: bool | None, static_key: str | None, store: EventStore) -> bool:
     """The setting when given; else whether there is a static key or an unrevoked stored key."""
     if required is not None:
         return required
@@ -157,7 +155,10 @@ async def create_key(
         )
     if role not in ROLES:
         raise ValueError(f"role {role!r}: expected one of {', '.join(ROLES)}")
-    for label, limit in (("max streams", max_streams), ("requests per minute", requests_per_minute)):
+    for label, limit in (
+        ("max streams", max_streams),
+        ("requests per minute", requests_per_minute),
+    ):
         if limit is not None and limit < 1:
             raise ValueError(f"{label} must be at least 1 (leave it out for no limit)")
     key = new_key()

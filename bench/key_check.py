@@ -76,7 +76,9 @@ async def _measure(n: int) -> dict[str, float]:
 
     figures = {
         "authenticate, cached key": await _per_call_us(n, lambda: ring.authenticate(key)),
-        "authenticate, static key": await _per_call_us(n, lambda: ring.authenticate("static-bench-key")),
+        "authenticate, static key": await _per_call_us(
+            n, lambda: ring.authenticate("static-bench-key")
+        ),
     }
     keyed_app = SimpleNamespace(state=SimpleNamespace(keys=ring, limits=KeyLimits()))
     open_app = SimpleNamespace(state=SimpleNamespace(keys=open_ring, limits=KeyLimits()))

@@ -21,12 +21,20 @@ class _Down(MemoryStore):
         raise StoreUnavailable("the database is down")
 
 
-async def _call(middleware: KeyAuth, app_state: Any, path: str = "/v1/models", key: str | None = None) -> tuple[int, dict[str, str], Any]:
+async def _call(
+    middleware: KeyAuth, app_state: Any, path: str = "/v1/models", key: str | None = None
+) -> tuple[int, dict[str, str], Any]:
     headers = [(b"host", b"127.0.0.1")]
     if key is not None:
         headers.append((b"authorization", f"Bearer {key}".encode()))
-    scope = {"type": "http", "method": "GET", "path": path, "headers": headers, "query_string": b"",
-             "app": SimpleNamespace(state=app_state)}
+    scope = {
+        "type": "http",
+        "method": "GET",
+        "path": path,
+        "headers": headers,
+        "query_string": b"",
+        "app": SimpleNamespace(state=app_state),
+    }
     sent: list[dict[str, Any]] = []
 
     async def receive() -> dict[str, Any]:

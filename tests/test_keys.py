@@ -34,7 +34,12 @@ async def test_a_key_is_stored_only_as_its_hash_and_checked_against_it() -> None
     ring = KeyRing(store, required=True)
     caller = await ring.authenticate(key)
     assert caller is not None
-    assert (caller.project, caller.role, caller.key_id, caller.max_streams) == ("alpha", "admin", row.id, 2)
+    assert (caller.project, caller.role, caller.key_id, caller.max_streams) == (
+        "alpha",
+        "admin",
+        row.id,
+        2,
+    )
     assert await ring.authenticate(key + "x") is None
     assert await ring.authenticate("") is None
     _, other = await create_key(store, project="alpha")
@@ -86,8 +91,13 @@ async def test_when_keys_are_required() -> None:
 
 async def test_create_key_refuses_bad_input() -> None:
     store = MemoryStore()
-    for kwargs in ({"project": ""}, {"project": "a b"}, {"project": "p", "role": "root"},
-                   {"project": "p", "max_streams": 0}, {"project": "p", "requests_per_minute": -1}):
+    for kwargs in (
+        {"project": ""},
+        {"project": "a b"},
+        {"project": "p", "role": "root"},
+        {"project": "p", "max_streams": 0},
+        {"project": "p", "requests_per_minute": -1},
+    ):
         with pytest.raises(ValueError):
             await create_key(store, **kwargs)  # type: ignore[arg-type]
     assert await store.list_api_keys() == []
@@ -111,8 +121,22 @@ def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
 
 def test_keys_create_list_revoke(tmp_path: Path) -> None:
     url = f"sqlite+aiosqlite:///{tmp_path / 'k.db'}"
-    made = _cli("keys", "create", "--project", "alpha", "--role", "admin", "--name", "ci",
-                "--max-streams", "4", "--rpm", "100", "--database-url", url)
+    made = _cli(
+        "keys",
+        "create",
+        "--project",
+        "alpha",
+        "--role",
+        "admin",
+        "--name",
+        "ci",
+        "--max-streams",
+        "4",
+        "--rpm",
+        "100",
+        "--database-url",
+        url,
+    )
     assert made.returncode == 0, made.stderr
     key = made.stdout.strip()
     assert key.startswith("sk-rl-") and "\n" not in key
@@ -121,11 +145,23 @@ def test_keys_create_list_revoke(tmp_path: Path) -> None:
     rows = [json.loads(line) for line in listed.stdout.splitlines()]
     assert len(rows) == 1
     row = rows[0]
-    assert (row["project"], row["role"], row["name"], row["max_streams"], row["requests_per_minute"]) == (
-        "alpha", "admin", "ci", 4, 100,
+    assert (
+        row["project"],
+        row["role"],
+        row["name"],
+        row["max_streams"],
+        row["requests_per_minute"],
+    ) == (
+        "alpha",
+        "admin",
+        "ci",
+        4,
+        100,
     )
     assert row["revoked_at"] is None and row["id"] in made.stderr
-    assert key not in listed.stdout and hash_key(key) not in listed.stdout and "secret_hash" not in row
+    assert (
+        key not in listed.stdout and hash_key(key) not in listed.stdout and "secret_hash" not in row
+    )
     assert _cli("keys", "list", "--project", "beta", "--database-url", url).stdout == ""
     revoked = _cli("keys", "revoke", row["id"], "--database-url", url)
     assert revoked.returncode == 0, revoked.stderr
@@ -138,8 +174,12 @@ def test_keys_create_list_revoke(tmp_path: Path) -> None:
 def _serve(tmp_path: Path, host: str, port: int, **env: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "app.cli", "serve", "--host", host, "--port", str(port)],
-        env={**os.environ, "DATABASE_URL": f"sqlite+aiosqlite:///{tmp_path / 's.db'}",
-             "RESPONSES_LEDGER_LOG_LEVEL": "warning", **env},
+        env={
+            **os.environ,
+            "DATABASE_URL": f"sqlite+aiosqlite:///{tmp_path / 's.db'}",
+            "RESPONSES_LEDGER_LOG_LEVEL": "warning",
+            **env,
+        },
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -180,7 +220,9 @@ def test_serve_on_a_public_address_runs_open_when_told_or_with_a_key(tmp_path: P
     try:
         _wait_healthy(f"http://127.0.0.1:{port}", proc)
         assert httpx.get(f"http://127.0.0.1:{port}/v1/models").status_code == 401
-        ok = httpx.get(f"http://127.0.0.1:{port}/v1/models", headers={"Authorization": "Bearer k-static"})
+        ok = httpx.get(
+            f"http://127.0.0.1:{port}/v1/models", headers={"Authorization": "Bearer k-static"}
+        )
         assert ok.status_code == 200
     finally:
         proc.terminate()
@@ -205,4 +247,9 @@ def test_key_settings_from_the_environment() -> None:
     assert settings.allowed_hosts == ("a.example", "b.example")
     assert settings.cors_origins == ("https://app.example",)
     plain = Settings.from_env({})
-    assert (plain.api_key, plain.require_api_key, plain.run_open, plain.cors_origins) == (None, None, False, ())
+    assert (plain.api_key, plain.require_api_key, plain.run_open, plain.cors_origins) == (
+        None,
+        None,
+        False,
+        (),
+    )

@@ -8,7 +8,17 @@ import sys
 
 def test_key_check_benchmark_prints_its_figures() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "bench.key_check", "--requests", "200", "--reps", "1", "--uncached-requests", "5"],
+        [
+            sys.executable,
+            "-m",
+            "bench.key_check",
+            "--requests",
+            "200",
+            "--reps",
+            "1",
+            "--uncached-requests",
+            "5",
+        ],
         capture_output=True,
         text=True,
         timeout=120,

@@ -23,7 +23,9 @@ BODY = b'{"model": "gpt-oss-echo", "input": "from a web page"}'
 
 def _server(tmp_path: Path, **settings: Any) -> Any:
     return serve(
-        Settings(engine="echo", database_url=f"sqlite+aiosqlite:///{tmp_path / 'b.db'}", **settings),
+        Settings(
+            engine="echo", database_url=f"sqlite+aiosqlite:///{tmp_path / 'b.db'}", **settings
+        ),
         engine=EchoEngine(load_encoding(), [MODEL]),
     )
 
@@ -49,10 +51,17 @@ def _code(r: httpx.Response, status: int) -> str:
 def test_a_body_that_is_not_json_is_415_and_stores_nothing(local: RunningServer) -> None:
     url = local.base_url + "/v1/responses"
     before = _stored(local)
-    for content_type in ("text/plain", "text/plain;charset=UTF-8", "application/x-www-form-urlencoded",
-                         "multipart/form-data; boundary=x", None):
+    for content_type in (
+        "text/plain",
+        "text/plain;charset=UTF-8",
+        "application/x-www-form-urlencoded",
+        "multipart/form-data; boundary=x",
+        None,
+    ):
         headers = {"Content-Type": content_type} if content_type else {}
-        assert _code(httpx.post(url, content=BODY, headers=headers), 415) == "unsupported_media_type"
+        assert (
+            _code(httpx.post(url, content=BODY, headers=headers), 415) == "unsupported_media_type"
+        )
     assert _stored(local) == before
     ok = httpx.post(url, content=BODY, headers={"Content-Type": "application/json; charset=utf-8"})
     assert ok.status_code == 200, ok.text
@@ -69,20 +78,26 @@ def test_only_loopback_host_names_when_bound_to_loopback(local: RunningServer) -
         assert _code(r, 400) == "invalid_host"
     assert _code(httpx.get(local.base_url + "/health", headers={"Host": "attacker.example"}), 400)
     for host in (f"localhost:{port}", f"127.0.0.1:{port}", f"[::1]:{port}", "LOCALHOST"):
-        assert httpx.get(local.base_url + "/v1/models", headers={"Host": host}).status_code == 200, host
+        assert (
+            httpx.get(local.base_url + "/v1/models", headers={"Host": host}).status_code == 200
+        ), host
 
 
 def test_no_cors_by_default_and_a_foreign_origin_is_refused(local: RunningServer) -> None:
     url = local.base_url + "/v1/responses"
     before = _stored(local)
     for origin in ("https://attacker.example", "null", "http://localhost:3000"):
-        posted = httpx.post(url, content=BODY, headers={"Origin": origin, "Content-Type": "application/json"})
+        posted = httpx.post(
+            url, content=BODY, headers={"Origin": origin, "Content-Type": "application/json"}
+        )
         assert _code(posted, 403) == "origin_not_allowed"
         assert "access-control-allow-origin" not in posted.headers
         preflight = httpx.options(
             url, headers={"Origin": origin, "Access-Control-Request-Method": "POST"}
         )
-        assert preflight.status_code >= 400 and "access-control-allow-origin" not in preflight.headers
+        assert (
+            preflight.status_code >= 400 and "access-control-allow-origin" not in preflight.headers
+        )
     assert _stored(local) == before
     plain = httpx.get(local.base_url + "/v1/models")
     assert plain.status_code == 200 and "access-control-allow-origin" not in plain.headers
@@ -111,17 +126,42 @@ def test_configured_cors_origins_and_hosts(tmp_path: Path) -> None:
         posted = httpx.post(
             url,
             content=BODY,
-            headers={"Origin": app_origin, "Content-Type": "application/json", "Authorization": "Bearer k-browser"},
+            headers={
+                "Origin": app_origin,
+                "Content-Type": "application/json",
+                "Authorization": "Bearer k-browser",
+            },
         )
         assert posted.status_code == 200, posted.text
         assert posted.headers["access-control-allow-origin"] == app_origin
         unauthorized = httpx.get(server.base_url + "/v1/models", headers={"Origin": app_origin})
         assert _code(unauthorized, 401) == "invalid_api_key"
-        other = httpx.get(server.base_url + "/v1/models", headers={"Origin": "https://other.example"})
+        other = httpx.get(
+            server.base_url + "/v1/models", headers={"Origin": "https://other.example"}
+        )
         assert _code(other, 403) == "origin_not_allowed"
         port = server.base_url.rsplit(":", 1)[1]
         authorized = {"Authorization": "Bearer k-browser"}
-        assert httpx.get(server.base_url + "/v1/models", headers={**authorized, "Host": f"ledger.internal:{port}"}).status_code == 200
-        assert _code(httpx.get(server.base_url + "/v1/models", headers={**authorized, "Host": "localhost"}), 400) == "invalid_host"
+        assert (
+            httpx.get(
+                server.base_url + "/v1/models",
+                headers={**authorized, "Host": f"ledger.internal:{port}"},
+            ).status_code
+            == 200
+        )
+        assert (
+            _code(
+                httpx.get(
+                    server.base_url + "/v1/models", headers={**authorized, "Host": "localhost"}
+                ),
+                400,
+            )
+            == "invalid_host"
+        )
     with _server(tmp_path, allowed_hosts=("*",)) as anyhost:
-        assert httpx.get(anyhost.base_url + "/v1/models", headers={"Host": "whatever.example"}).status_code == 200
+        assert (
+            httpx.get(
+                anyhost.base_url + "/v1/models", headers={"Host": "whatever.example"}
+            ).status_code
+            == 200
+        )

@@ -70,8 +70,12 @@ async def _make_keys(url: str) -> tuple[dict[str, str], dict[str, str]]:
     return keys, ids
 
 
-@pytest.fixture(scope="module", params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def ledger(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ledger]:
+@pytest.fixture(
+    scope="module", params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+def ledger(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Ledger]:
     if request.param == "sqlite":
         db: Path = tmp_path_factory.mktemp("keys") / "responses.db"
         url = f"sqlite+aiosqlite:///{db}"
@@ -143,7 +147,11 @@ def _routes(rid: str) -> list[tuple[str, str, dict[str, Any]]]:
         ("GET", f"/v1/responses/{rid}/input_items", {}),
         ("GET", f"/v1/responses/{rid}/events", {}),
         ("POST", f"/v1/responses/{rid}/cancel", {}),
-        ("POST", "/v1/responses", {"json": {"model": MODEL, "input": "x", "previous_response_id": rid}}),
+        (
+            "POST",
+            "/v1/responses",
+            {"json": {"model": MODEL, "input": "x", "previous_response_id": rid}},
+        ),
         ("DELETE", f"/v1/responses/{rid}", {}),
     ]
 
@@ -158,7 +166,11 @@ def _error(r: httpx.Response, status: int) -> dict[str, Any]:
 def test_no_key_wrong_key_and_revoked_key_are_401_on_every_route(ledger: Ledger) -> None:
     rid = _create(ledger, "alpha", background=True)["id"]
     for who in (None, "sk-rl-wrong", "revoked"):
-        for method, path, kwargs in [*_routes(rid), ("GET", "/v1/models", {}), ("POST", "/v1/responses", {"json": {"model": MODEL, "input": "x"}})]:
+        for method, path, kwargs in [
+            *_routes(rid),
+            ("GET", "/v1/models", {}),
+            ("POST", "/v1/responses", {"json": {"model": MODEL, "input": "x"}}),
+        ]:
             r = ledger.call(method, path, who, **kwargs)
             error = _error(r, 401)
             assert error["code"] == "invalid_api_key" and error["type"] == "invalid_request_error"
@@ -273,7 +285,10 @@ def test_concurrent_streams_limit(ledger: Ledger) -> None:
             resume = http.get(f"/v1/responses/{rid}", params={"stream": "true"})
             assert resume.status_code == 429
             # a request that is not a stream is not limited by streams
-            assert http.post("/v1/responses", json={"model": MODEL, "input": "plain"}).status_code == 200
+            assert (
+                http.post("/v1/responses", json={"model": MODEL, "input": "plain"}).status_code
+                == 200
+            )
             for _ in lines:  # read it to the end: the slot is given back when it ends
                 pass
         again = http.post("/v1/responses", json={**body, "input": "after"})
