@@ -3,7 +3,8 @@
 - ``serve``: run the HTTP server (migrates the database on start);
 - ``db upgrade|current``: migrate the database / show its revision;
 - ``events RESPONSE_ID``: the log as JSON lines (stream events, then audit records);
-- ``replay RESPONSE_ID``: re-emit the SSE stream from the log, byte for byte as it was streamed.
+- ``replay RESPONSE_ID``: re-emit the SSE stream from the log, byte for byte as it was streamed;
+- ``keys create|list|revoke``: API keys (see ``app.keys``; a new key is printed once).
 
 Every ``serve`` option also has an environment variable (see ``app.settings``); the command line
 wins.
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import logging
 import sys
@@ -49,6 +51,21 @@ def _parser() -> argparse.ArgumentParser:
         cmd = sub.add_parser(name, help=text)
         cmd.add_argument("response_id")
         cmd.add_argument("--database-url")
+
+    keys = sub.add_parser("keys", help="API keys and their projects")
+    actions = keys.add_subparsers(dest="action", required=True)
+    create = actions.add_parser("create", help="make a key and print it (once: only its hash is kept)")
+    create.add_argument("--project", required=True)
+    create.add_argument("--role", choices=["admin", "member"], default="member")
+    create.add_argument("--name", help="a label to recognise the key by")
+    create.add_argument("--max-streams", type=int, help="concurrent streams allowed (default: no limit)")
+    create.add_argument("--rpm", type=int, help="requests per minute allowed (default: no limit)")
+    listing = actions.add_parser("list", help="the keys, without secrets, as JSON lines")
+    listing.add_argument("--project")
+    revoke = actions.add_parser("revoke", help="revoke a key by its id (key_...)")
+    revoke.add_argument("key_id")
+    for action in (create, listing, revoke):
+        action.add_argument("--database-url")
     return parser
 
 
@@ -116,6 +133,46 @@ async def _events(response_id: str, url: str | None, *, replay: bool) -> int:
         await store.close()
 
 
+async def _keys(args: argparse.Namespace) -> int:
+    from app.keys import create_key
+
+    store = await _open(args.database_url)
+    try:
+        if args.action == "create":
+            try:
+                row, key = await create_key(
+                    store,
+                    project=args.project,
+                    role=args.role,
+                    name=args.name,
+                    max_streams=args.max_streams,
+                    requests_per_minute=args.rpm,
+                )
+            except ValueError as exc:
+                print(f"keys create: {exc}", file=sys.stderr)
+                return 2
+            print(key)
+            print(
+                f"{row.id} ({row.role} of project {row.project}): keep the key above, it is not "
+                "shown again",
+                file=sys.stderr,
+            )
+            return 0
+        if args.action == "list":
+            for row in await store.list_api_keys():
+                if args.project is None or row.project == args.project:
+                    shown = {k: v for k, v in dataclasses.asdict(row).items() if k != "secret_hash"}
+                    print(json.dumps(shown))
+            return 0
+        if await store.revoke_api_key(args.key_id):
+            print(f"revoked {args.key_id}")
+            return 0
+        print(f"no unrevoked key {args.key_id}", file=sys.stderr)
+        return 1
+    finally:
+        await store.close()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "serve":
@@ -129,6 +186,8 @@ def main(argv: list[str] | None = None) -> int:
             migrate.upgrade(url)
         print(migrate.current(url) or "(empty)")
         return 0
+    if args.command == "keys":
+        return asyncio.run(_keys(args))
     return asyncio.run(_events(args.response_id, args.database_url, replay=args.command == "replay"))
 
 

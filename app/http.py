@@ -18,7 +18,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from app.errors import APIError
+from app.limits import take_stream
 from app.live import Run
+from app.ownership import caller_of, scoped
 from app.service import ResponseService
 from app.wire import CreateResponse
 from persistence.errors import StoreUnavailable
@@ -89,7 +91,10 @@ async def create_response(request: Request) -> Response:
     service = _service(request)
     body = await _json_body(request)
     create = CreateResponse.model_validate(body)  # ValidationError -> 400 in app.errors
-    run = await service.create(create, body)
+    if create.stream:
+        take_stream(request)  # 429 when the key has all its streams open
+    caller = caller_of(request)
+    run = await service.create(create, body, project=caller.project, api_key_id=caller.key_id)
     if create.stream or create.background:
         # Answer once response.created is durable: a store that cannot take the response gets
         # an error status, not a 200 (a stream that ends without events, or the id of a
@@ -145,6 +150,7 @@ async def get_response(request: Request) -> Response:
         after = _int_param(request, "starting_after", -1, -1, 2**62)
         if await service.store.get(response_id) is None:
             raise APIError(404, f"Response with id '{response_id}' not found.")
+        take_stream(request)
         return _sse(service.stream(response_id, after if after is not None else -1))
     return JSONResponse(await service.get(response_id))
 
@@ -209,11 +215,12 @@ async def health(request: Request) -> Response:
 
 routes = [
     Route("/v1/responses", create_response, methods=["POST"]),
-    Route("/v1/responses/{response_id}", get_response, methods=["GET"]),
-    Route("/v1/responses/{response_id}", delete_response, methods=["DELETE"]),
-    Route("/v1/responses/{response_id}/cancel", cancel_response, methods=["POST"]),
-    Route("/v1/responses/{response_id}/input_items", list_input_items, methods=["GET"]),
-    Route("/v1/responses/{response_id}/events", list_events, methods=["GET"]),
+    # scoped: another project's response is 404, exactly like a missing one (app.ownership)
+    Route("/v1/responses/{response_id}", scoped(get_response), methods=["GET"]),
+    Route("/v1/responses/{response_id}", scoped(delete_response), methods=["DELETE"]),
+    Route("/v1/responses/{response_id}/cancel", scoped(cancel_response), methods=["POST"]),
+    Route("/v1/responses/{response_id}/input_items", scoped(list_input_items), methods=["GET"]),
+    Route("/v1/responses/{response_id}/events", scoped(list_events, audit=True), methods=["GET"]),
     Route("/v1/models", list_models, methods=["GET"]),
     Route("/health", health, methods=["GET"]),
 ]

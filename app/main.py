@@ -20,11 +20,17 @@ from typing import Any
 from pydantic import ValidationError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 
+from app.auth import KeyAuth
+from app.browser import BrowserGuard, allowed_hosts
 from app.encoding import load_encoding
 from app.engines.protocol import Engine, EngineError
 from app.errors import APIError, handle_exception
 from app.http import routes
+from app.keys import KeyRing, is_loopback, keys_required
+from app.limits import KeyLimits
 from app.reasoning_crypto import ReasoningCipher, new_key
 from app.service import ResponseService
 from app.settings import Settings
@@ -95,6 +101,12 @@ def create_app(
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         own_store = store is None
         the_store = store if store is not None else await open_store(settings)
+        try:
+            app.state.keys = await _key_ring(settings, the_store)
+        except BaseException:
+            if own_store:
+                await the_store.close()
+            raise
         the_engine = engine if engine is not None else build_engine(settings)
         await the_engine.start()
         if settings.reasoning_key:
@@ -144,7 +156,47 @@ def create_app(
     # Known errors go to ExceptionMiddleware (answered, not re-raised); Exception is the last resort.
     for cls in (APIError, ValidationError, DomainError, EngineError, StoreError):
         handled[cls] = handle_exception
-    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=handled)
+    middleware = [
+        Middleware(
+            BrowserGuard,
+            hosts=allowed_hosts(settings.allowed_hosts, settings.host),
+            origins=settings.cors_origins,
+        ),
+        *(
+            [
+                Middleware(
+                    CORSMiddleware,
+                    allow_origins=list(settings.cors_origins),
+                    allow_methods=["GET", "POST", "DELETE"],
+                    allow_headers=["authorization", "content-type", "openai-beta"],
+                    max_age=600,
+                )
+            ]
+            if settings.cors_origins
+            else []
+        ),
+        Middleware(KeyAuth),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=handled, middleware=middleware)
     app.state.ready = False
     app.state.settings = settings
+    app.state.limits = KeyLimits()
     return app
+
+
+async def _key_ring(settings: Settings, store: EventStore) -> KeyRing:
+    """Whether keys are required, and the safe default: a server bound to anything but loopback
+    with no key configured does not start unless told to run open."""
+    required = await keys_required(settings.require_api_key, settings.api_key, store)
+    if not required:
+        if not is_loopback(settings.host) and not settings.run_open:
+            message = (
+                f"refusing to start: bound to {settings.host}, not loopback, and no API key is "
+                "configured, so anyone who can reach the port could read and delete every "
+                "response. Create a key (responses-ledger keys create --project NAME), set "
+                "RESPONSES_LEDGER_API_KEY, or set RESPONSES_LEDGER_RUN_OPEN=true to run open."
+            )
+            log.error("%s", message)
+            raise SystemExit(message)
+        log.info("no API key required (%s)", "loopback" if is_loopback(settings.host) else "run open")
+    return KeyRing(store, required=required, static_key=settings.api_key, cache_s=settings.key_cache_s)

@@ -39,7 +39,7 @@ from domain.events import TERMINAL_TYPES
 from domain.projections import fold, from_wire, output_as_input
 from domain.prompt import PromptRequest, RenderedPrompt, render_prompt
 from persistence.errors import NotFound, StoreError, StoreUnavailable
-from persistence.records import AuditRecord, NewResponse, StoredEvent
+from persistence.records import DEFAULT_PROJECT, AuditRecord, NewResponse, StoredEvent
 from persistence.store import EventStore
 
 __all__ = ["ResponseService", "new_id", "normalize_input"]
@@ -165,7 +165,16 @@ class ResponseService:
         if health.failing:
             raise StoreUnavailable(health.reason or "unknown")
 
-    async def create(self, request: CreateResponse, body: dict[str, Any]) -> Run:
+    async def create(
+        self,
+        request: CreateResponse,
+        body: dict[str, Any],
+        *,
+        project: str = DEFAULT_PROJECT,
+        api_key_id: str | None = None,
+    ) -> Run:
+        """``project``: whose response it is (and the only project its ``previous_response_id``
+        chain may come from); ``api_key_id``: the key that asked for it."""
         model = self.resolve_model(request.model)
         if request.background and not request.store:
             raise APIError(
@@ -175,7 +184,7 @@ class ResponseService:
             self.check_writable()  # a store=false response without history needs no database
         history: list[dict[str, Any]] = []
         if request.previous_response_id:
-            history = await self._history(request.previous_response_id)
+            history = await self._history(request.previous_response_id, project)
         input_items = normalize_input(request.input)
         rendered = self._render(request, history, input_items)
         prompt_ids = rendered.token_ids
@@ -203,6 +212,8 @@ class ResponseService:
                 background=request.background,
                 request=body,
                 input_items=input_items,
+                project=project,
+                api_key_id=api_key_id,
             )
             try:
                 stored = self.store.submit_create(new_response)
@@ -241,9 +252,9 @@ class ResponseService:
         task.add_done_callback(self._tasks.discard)
         return run
 
-    async def _history(self, previous_response_id: str) -> list[dict[str, Any]]:
+    async def _history(self, previous_response_id: str, project: str) -> list[dict[str, Any]]:
         try:
-            chain = await self.store.load_chain(previous_response_id)
+            chain = await self.store.load_chain(previous_response_id, project=project)
         except NotFound:
             raise APIError(
                 404,

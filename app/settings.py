@@ -94,6 +94,24 @@ class Settings:
     #: took about a fifth of the server's CPU. None: leave the interpreter's GC alone (the
     #: default for an app built in-process, e.g. by tests; ``serve`` uses SERVE_GC_THRESHOLD).
     gc_threshold: tuple[int, int, int] | None = None
+    #: One static API key (vLLM's ``--api-key`` habit): a caller presenting it is an admin of
+    #: the ``default`` project. Keys made with ``responses-ledger keys create`` also work.
+    api_key: str | None = None
+    #: Whether every ``/v1`` request needs a key. None: yes when a static key is set or the
+    #: database holds an unrevoked key at start-up, else the server runs open.
+    require_api_key: bool | None = None
+    #: Run open (no keys) although bound to an address other than loopback; without it such a
+    #: server refuses to start.
+    run_open: bool = False
+    #: How long a verified key is trusted without reading the database again (so a revocation
+    #: reaches every running server within this time).
+    key_cache_s: float = 10.0
+    #: Host header names accepted (``*``: any). Empty: the loopback names when bound to
+    #: loopback (DNS rebinding), any name otherwise.
+    allowed_hosts: tuple[str, ...] = ()
+    #: Origins a browser may call from (CORS). Empty: none (no CORS headers, and a request
+    #: carrying any other ``Origin`` is refused).
+    cors_origins: tuple[str, ...] = ()
     #: Engine-specific options (vLLM engine arguments), passed through.
     engine_options: Mapping[str, Any] = field(default_factory=dict)
 
@@ -131,6 +149,12 @@ class Settings:
             "RESPONSES_LEDGER_STATEMENT_TIMEOUT_S": ("statement_timeout_s", float),
             "RESPONSES_LEDGER_REPAIR_INTERVAL_S": ("repair_interval_s", float),
             "RESPONSES_LEDGER_LOG_LEVEL": ("log_level", str),
+            "RESPONSES_LEDGER_API_KEY": ("api_key", str),
+            "RESPONSES_LEDGER_REQUIRE_API_KEY": ("require_api_key", _bool),
+            "RESPONSES_LEDGER_RUN_OPEN": ("run_open", _bool),
+            "RESPONSES_LEDGER_KEY_CACHE_S": ("key_cache_s", float),
+            "RESPONSES_LEDGER_ALLOWED_HOSTS": ("allowed_hosts", _names),
+            "RESPONSES_LEDGER_CORS_ORIGINS": ("cors_origins", _names),
         }
         if env.get("RESPONSES_LEDGER_GC_THRESHOLD"):
             values["gc_threshold"] = _gc_threshold(env["RESPONSES_LEDGER_GC_THRESHOLD"])

@@ -26,8 +26,12 @@ Decisions, where the Responses API and Harmony do not line up:
   the model knows something was there and the request never fails for it.
 - An assistant ``message`` goes to the ``final`` channel, or to ``commentary`` (without recipient:
   a preamble) when its ``phase`` is ``"commentary"``.
-- ``reasoning`` items go to the ``analysis`` channel, from ``content`` (parts concatenated), else
-  ``summary`` (parts joined by a blank line), else the decrypted ``encrypted_content``.
+- ``reasoning`` items go to the ``analysis`` channel. An item that carries ``encrypted_content``
+  is rendered from the decrypted blob, whatever plaintext it also carries, and a blob that does
+  not verify fails the request: the server returns reasoning items with both, and a client
+  replaying one with edited text must not get its edit into the prompt. An item without a blob
+  (a client's own history) is rendered from ``content`` (parts concatenated), else ``summary``
+  (parts joined by a blank line).
 - gpt-oss reasoning convention: analysis before the last final-channel assistant message is
   dropped (that turn is over); analysis after it (a turn still working through tool calls) is
   kept. Harmony's own ``auto_drop_analysis`` is switched off so the rule is this one, stated here.
@@ -555,12 +559,12 @@ class _Conversation:
         if not text:
             text = _parts_text(item.get("summary"), "\n\n", f"{param}.summary")
         encrypted = item.get("encrypted_content")
-        if not text and isinstance(encrypted, str) and encrypted:
+        if isinstance(encrypted, str) and encrypted:  # checked whenever present; it wins
             decrypt = self._request.decrypt
             if decrypt is None:
                 raise InvalidInput(
-                    "This reasoning item carries only encrypted_content, which this server cannot "
-                    "read here",
+                    "This reasoning item carries encrypted_content, which this server cannot "
+                    "verify here",
                     param=f"{param}.encrypted_content",
                 )
             try:

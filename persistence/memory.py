@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +24,7 @@ from persistence.lifecycle import (
     row_update,
 )
 from persistence.records import (
+    ApiKeyRow,
     AuditRecord,
     ChainLink,
     JsonObject,
@@ -88,6 +90,7 @@ class MemoryStore:
         self._audit: dict[str, list[_Audit]] = {}
         self._inputs: dict[str, list[_InputItem]] = {}
         self._secrets: dict[str, bytes] = {}
+        self._keys: dict[str, ApiKeyRow] = {}
         self._closed = False
         #: Always healthy: this process's memory is the whole store.
         self.health = StoreHealth(retry_s=0)
@@ -121,6 +124,8 @@ class MemoryStore:
             incomplete_reason=None,
             request=json.loads(dump_json(new.request)),
             last_seq=-1,
+            project=new.project,
+            api_key_id=new.api_key_id,
         )
         self._events[new.id] = []
         self._audit[new.id] = []
@@ -206,7 +211,9 @@ class MemoryStore:
             return None
         return dataclasses.replace(row, request=json.loads(dump_json(row.request)))
 
-    async def load_chain(self, response_id: str) -> list[ChainLink]:
+    async def load_chain(
+        self, response_id: str, *, project: str | None = None
+    ) -> list[ChainLink]:
         self._check_open()
         links: list[ChainLink] = []
         seen: set[str] = set()
@@ -216,7 +223,7 @@ class MemoryStore:
                 raise StoreError(f"previous_response_id cycle at {current!r}")
             seen.add(current)
             row = await self.get(current)
-            if row is None:
+            if row is None or (project is not None and row.project != project):
                 raise NotFound(f"no response {current!r} (in the chain of {response_id!r})")
             events = [
                 e.stored()
@@ -277,6 +284,30 @@ class MemoryStore:
         if name not in self._secrets:
             self._secrets[name] = bytes(factory())
         return self._secrets[name]
+
+    async def create_api_key(self, key: ApiKeyRow) -> None:
+        self._check_open()
+        if key.id in self._keys or any(
+            k.secret_hash == key.secret_hash for k in self._keys.values()
+        ):
+            raise ConcurrencyError(f"API key {key.id!r} already exists")
+        self._keys[key.id] = key
+
+    async def find_api_key(self, secret_hash: str) -> ApiKeyRow | None:
+        self._check_open()
+        return next((k for k in self._keys.values() if k.secret_hash == secret_hash), None)
+
+    async def list_api_keys(self) -> list[ApiKeyRow]:
+        self._check_open()
+        return sorted(self._keys.values(), key=lambda k: (k.project, k.created_at, k.id))
+
+    async def revoke_api_key(self, key_id: str) -> bool:
+        self._check_open()
+        key = self._keys.get(key_id)
+        if key is None or key.revoked_at is not None:
+            return False
+        self._keys[key_id] = dataclasses.replace(key, revoked_at=time.time())
+        return True
 
     async def probe(self) -> None:
         self._check_open()

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
+    "DEFAULT_PROJECT",
+    "ApiKeyRow",
     "AuditRecord",
     "ChainLink",
     "JsonObject",
@@ -31,6 +33,10 @@ __all__ = [
 ]
 
 JsonObject = dict[str, Any]
+
+#: The project of every response made before projects existed, and of requests served without
+#: keys (a loopback server run open, as ``make serve`` does).
+DEFAULT_PROJECT = "default"
 
 
 def dump_json(value: Any) -> str:
@@ -158,6 +164,8 @@ class NewResponse:
     background: bool
     request: JsonObject  # the request body as received
     input_items: list[JsonObject]  # normalised input items, each with an "id"
+    project: str = DEFAULT_PROJECT  # whose it is: only this project's keys can see it
+    api_key_id: str | None = None  # the key that made it (None: the static key, or no key)
 
 
 def item_id(item: JsonObject, position: int) -> str:
@@ -186,6 +194,24 @@ class ResponseRow:
     incomplete_reason: str | None
     request: JsonObject
     last_seq: int  # -1 while the log is empty
+    project: str = DEFAULT_PROJECT
+    api_key_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ApiKeyRow:
+    """An API key as stored: never the key itself, only its SHA-256 (``secret_hash``, hex)."""
+
+    id: str
+    project: str
+    role: str  # "admin" | "member"
+    name: str | None
+    secret_hash: str
+    created_at: float  # unix seconds
+    revoked_at: float | None = None
+    #: Limits set on the key (None: unlimited).
+    max_streams: int | None = None
+    requests_per_minute: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,6 +38,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 
 __all__ = [
     "DIALECTS",
+    "api_keys",
     "metadata",
     "response_audit",
     "response_events",
@@ -78,7 +79,13 @@ responses = Table(
     Column("error_code", Text),
     Column("incomplete_reason", Text),
     Column("request", _Json, nullable=False),
+    # Whose response it is (migration 0003: rows made before it belong to "default"), and the
+    # key that made it (NULL: the static key, or a server run without keys).
+    Column("project", Text, nullable=False, server_default="default"),
+    Column("api_key_id", Text),
     Index(None, "created_at"),
+    Index(None, "project", "created_at"),
+    Index(None, "api_key_id"),
     Index(None, "status"),
     Index(None, "previous_response_id"),
 )
@@ -145,4 +152,20 @@ server_secrets = Table(
     Column("name", Text, primary_key=True),
     Column("value", LargeBinary, nullable=False),
     Column("created_at", Double, nullable=False),
+)
+
+#: API keys (``responses-ledger keys create``): the SHA-256 of each key, never the key.
+api_keys = Table(
+    "api_keys",
+    metadata,
+    Column("id", Text, primary_key=True),
+    Column("project", Text, nullable=False),
+    Column("role", Text, nullable=False),
+    Column("name", Text),
+    Column("secret_hash", Text, nullable=False, unique=True),
+    Column("created_at", Double, nullable=False),
+    Column("revoked_at", Double),
+    Column("max_streams", Integer),
+    Column("requests_per_minute", Integer),
+    Index(None, "project"),
 )

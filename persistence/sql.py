@@ -79,6 +79,7 @@ from persistence.lifecycle import (
 )
 from persistence.migrate import current_async, head_revision, upgrade_async
 from persistence.records import (
+    ApiKeyRow,
     AuditRecord,
     ChainLink,
     JsonObject,
@@ -92,6 +93,7 @@ from persistence.records import (
     unpack_token_ids,
 )
 from persistence.schema import (
+    api_keys,
     response_audit,
     response_events,
     response_input_items,
@@ -349,6 +351,8 @@ class SqlStore:
             new.previous_response_id,
             new.background,
             dump_json(new.request),
+            new.project,
+            new.api_key_id,
         )
         items = [
             (new.id, position, item_id(item, position), dump_json(item))
@@ -749,6 +753,44 @@ class SqlStore:
         for write in batch:
             self._tails.pop(write.response_id, None)
 
+    # -- API keys -----------------------------------------------------------------------
+
+    async def create_api_key(self, key: ApiKeyRow) -> None:
+        self._check_open()
+        try:
+            async with _store_errors(), self._writer.begin() as conn:
+                await conn.execute(api_keys.insert().values(**dataclasses.asdict(key)))
+        except StoreError as exc:
+            if isinstance(exc.__cause__, IntegrityError):
+                raise ConcurrencyError(f"API key {key.id!r} already exists") from None
+            raise
+
+    async def find_api_key(self, secret_hash: str) -> ApiKeyRow | None:
+        self._check_open()
+        query = select(*api_keys.c).where(api_keys.c.secret_hash == secret_hash)
+        async with self._read() as conn:
+            row = (await conn.execute(query)).one_or_none()
+        return None if row is None else ApiKeyRow(**row._asdict())
+
+    async def list_api_keys(self) -> list[ApiKeyRow]:
+        self._check_open()
+        query = select(*api_keys.c).order_by(api_keys.c.project, api_keys.c.created_at, api_keys.c.id)
+        async with self._read() as conn:
+            return [ApiKeyRow(**row._asdict()) for row in await conn.execute(query)]
+
+    async def revoke_api_key(self, key_id: str) -> bool:
+        self._check_open()
+        if not _possible_id(key_id):
+            return False
+        update = (
+            api_keys.update()
+            .where(api_keys.c.id == key_id, api_keys.c.revoked_at.is_(None))
+            .values(revoked_at=self._clock())
+        )
+        async with _store_errors(), self._writer.begin() as conn:
+            result = await conn.execute(update)
+        return bool(result.rowcount)
+
     # -- reads --------------------------------------------------------------------------
 
     async def load(
@@ -775,7 +817,9 @@ class SqlStore:
             row = (await conn.execute(_ROWS.where(responses.c.id == response_id))).one_or_none()
         return None if row is None else _response_row(row)
 
-    async def load_chain(self, response_id: str) -> list[ChainLink]:
+    async def load_chain(
+        self, response_id: str, *, project: str | None = None
+    ) -> list[ChainLink]:
         self._check_open()
         if not _possible_id(response_id):
             raise NotFound(f"no response {response_id!r}")
@@ -786,6 +830,9 @@ class SqlStore:
             missing = [link.chain_id for link in chain if link.id is None]
             if missing:
                 raise NotFound(f"no response {missing[0]!r} (in the chain of {response_id!r})")
+            foreign = [link.id for link in chain if project is not None and link.project != project]
+            if foreign:  # another project's response: as if it did not exist
+                raise NotFound(f"no response {foreign[0]!r} (in the chain of {response_id!r})")
             ids = [link.id for link in chain]
             items: dict[str, list[JsonObject]] = {rid: [] for rid in ids}
             for rid, item in await conn.execute(_CHAIN_ITEMS, {"ids": ids}):
@@ -899,6 +946,8 @@ class _Statements:
                 "previous_response_id",
                 "background",
                 "request",
+                "project",
+                "api_key_id",
             ),
         )
         self.insert_input_item = insert(
@@ -1024,6 +1073,8 @@ def _response_row(row: Any) -> ResponseRow:
         incomplete_reason=row.incomplete_reason,
         request=row.request,
         last_seq=row.last_seq,
+        project=row.project,
+        api_key_id=row.api_key_id,
     )
 
 

@@ -41,6 +41,7 @@ from typing import Literal, Protocol
 from persistence.health import StoreHealth
 from persistence.lifecycle import TERMINAL_EVENT_TYPES
 from persistence.records import (
+    ApiKeyRow,
     AuditRecord,
     ChainLink,
     JsonObject,
@@ -132,7 +133,12 @@ class EventStore(Protocol):
 
     async def get(self, response_id: str) -> ResponseRow | None: ...
 
-    async def load_chain(self, response_id: str) -> list[ChainLink]: ...
+    async def load_chain(
+        self, response_id: str, *, project: str | None = None
+    ) -> list[ChainLink]:
+        """The chain ending at ``response_id``, oldest first. ``project``: ``NotFound`` if any
+        response of the chain belongs to another project (as if it did not exist)."""
+        ...
 
     async def load_audit(self, response_id: str) -> list[AuditRecord]: ...
 
@@ -143,6 +149,18 @@ class EventStore(Protocol):
     ) -> tuple[list[JsonObject], bool]: ...
 
     async def unfinished(self) -> list[str]: ...
+
+    # API keys (``app.keys``): only the SHA-256 of a key is stored.
+
+    async def create_api_key(self, key: ApiKeyRow) -> None: ...
+
+    async def find_api_key(self, secret_hash: str) -> ApiKeyRow | None: ...
+
+    async def list_api_keys(self) -> list[ApiKeyRow]: ...
+
+    async def revoke_api_key(self, key_id: str) -> bool:
+        """Mark the key revoked; False if there is no such key or it already was."""
+        ...
 
     async def get_or_create_secret(self, name: str, factory: Callable[[], bytes]) -> bytes: ...
 

@@ -580,16 +580,45 @@ def test_encrypted_reasoning_is_decrypted_when_it_has_no_text() -> None:
     assert seen == ["blob-1"]
 
 
-def test_encrypted_reasoning_with_text_does_not_need_decrypting() -> None:
+def test_encrypted_reasoning_wins_over_the_items_plaintext() -> None:
     items = [
         {
             "type": "reasoning",
-            "summary": [],
-            "content": [{"type": "reasoning_text", "text": "t"}],
+            "summary": [{"type": "summary_text", "text": "edited summary"}],
+            "content": [{"type": "reasoning_text", "text": "edited text"}],
             "encrypted_content": "b",
         }
     ]
-    assert text_of(render(items=items)) == system() + say("analysis", "t") + ASSISTANT
+    rendered = text_of(render(items=items, decrypt=lambda blob: "what the model thought"))
+    assert rendered == system() + say("analysis", "what the model thought") + ASSISTANT
+    assert "edited" not in rendered
+
+
+def test_a_blob_that_does_not_verify_fails_whatever_else_the_item_carries() -> None:
+    def refuse(blob: str) -> str:
+        raise InvalidInput("tampered", param="input", code="invalid_encrypted_content")
+
+    items = [
+        {"role": "user", "content": "hi"},
+        {
+            "type": "reasoning",
+            "summary": [],
+            "content": [{"type": "reasoning_text", "text": "plausible text"}],
+            "encrypted_content": "tampered",
+        },
+    ]
+    error = invalid(items=items, decrypt=refuse)
+    assert (error.param, error.code) == ("input[1].encrypted_content", "invalid_encrypted_content")
+    with_text_no_decrypt = invalid(items=items)  # a blob nobody can verify is refused too
+    assert with_text_no_decrypt.param == "input[1].encrypted_content"
+
+
+def test_plaintext_only_reasoning_needs_no_decrypting() -> None:
+    for blob in ({}, {"encrypted_content": None}, {"encrypted_content": ""}):
+        items = [
+            {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "t"}], **blob}
+        ]
+        assert text_of(render(items=items)) == system() + say("analysis", "t") + ASSISTANT
 
 
 def test_encrypted_only_reasoning_without_decrypt_is_invalid() -> None:

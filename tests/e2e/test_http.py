@@ -203,8 +203,12 @@ def test_malformed_json_oversized_body_and_unknown_paths(ledger: RunningServer) 
     _error(httpx.get(ledger.base_url + "/v1/nothing"), 404)
     _error(httpx.get(url + "/resp_missing"), 404)
     _error(httpx.get(url + "/resp_missing", params={"stream": "true"}), 404)
-    _error(httpx.get(url + "/resp_x/input_items", params={"limit": 0}), 400)
-    _error(httpx.get(url + "/resp_x/input_items", params={"order": "sideways"}), 400)
+    # a response's existence is checked first (a missing or another project's id is 404
+    # whatever the query says: app.ownership), then the parameters
+    _error(httpx.get(url + "/resp_x/input_items", params={"limit": 0}), 404)
+    rid = httpx.post(url, json={"model": MODEL, "input": "hi"}).json()["id"]
+    _error(httpx.get(f"{url}/{rid}/input_items", params={"limit": 0}), 400)
+    _error(httpx.get(f"{url}/{rid}/input_items", params={"order": "sideways"}), 400)
 
 
 def test_a_nul_character_in_the_request_is_a_400(ledger: RunningServer) -> None:

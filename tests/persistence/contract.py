@@ -14,7 +14,7 @@ from collections.abc import Callable
 import pytest
 
 from persistence.errors import ConcurrencyError, NotFound, StoreError
-from persistence.records import AuditRecord, StoredEvent
+from persistence.records import ApiKeyRow, AuditRecord, StoredEvent
 from persistence.store import EventStore
 from tests.persistence.factories import (
     completed,
@@ -460,6 +460,50 @@ class EventStoreContract:
         orphan = await _started(store, previous="resp_never_stored")
         with pytest.raises(NotFound):
             await store.load_chain(orphan)
+
+    async def test_load_chain_scoped_to_a_project(self, store: EventStore) -> None:
+        first = await _started(store, project="alpha")
+        second = await _started(store, previous=first, project="alpha")
+        assert [link.row.id for link in await store.load_chain(second, project="alpha")] == [
+            first,
+            second,
+        ]
+        with pytest.raises(NotFound):
+            await store.load_chain(second, project="beta")
+        # a chain that reaches into another project (a hand-made database) is not found either
+        third = await _started(store, previous=second, project="beta")
+        with pytest.raises(NotFound):
+            await store.load_chain(third, project="beta")
+        assert len(await store.load_chain(third)) == 3  # unscoped: the operator's view
+
+    # -- projects and keys ------------------------------------------------------------------
+
+    async def test_a_response_row_has_its_project_and_key(self, store: EventStore) -> None:
+        new = new_response(project="alpha", api_key_id="key_1")
+        await store.create_response(new)
+        row = await store.get(new.id)
+        assert row is not None and (row.project, row.api_key_id) == ("alpha", "key_1")
+        plain = new_response()
+        await store.create_response(plain)
+        row = await store.get(plain.id)
+        assert row is not None and (row.project, row.api_key_id) == ("default", None)
+
+    async def test_api_keys_create_find_list_revoke(self, store: EventStore) -> None:
+        first = ApiKeyRow("key_a", "alpha", "member", "ci", "ab" * 32, 1.0, max_streams=2)
+        second = ApiKeyRow("key_b", "beta", "admin", None, "cd" * 32, 2.0, requests_per_minute=60)
+        await store.create_api_key(second)
+        await store.create_api_key(first)
+        assert await store.find_api_key("ab" * 32) == first
+        assert await store.find_api_key("ef" * 32) is None
+        assert await store.list_api_keys() == [first, second]
+        with pytest.raises(ConcurrencyError):
+            await store.create_api_key(ApiKeyRow("key_c", "alpha", "member", None, "ab" * 32, 3.0))
+        assert await store.revoke_api_key("key_a") is True
+        assert await store.revoke_api_key("key_a") is False  # already
+        assert await store.revoke_api_key("key_nope") is False
+        revoked = await store.find_api_key("ab" * 32)
+        assert revoked is not None and revoked.revoked_at is not None
+        assert (await store.find_api_key("cd" * 32)) == second
 
     # -- delete -----------------------------------------------------------------------------
 

@@ -11,7 +11,7 @@ from persistence.records import AuditRecord, NewResponse, StoredEvent
 from persistence.store import EventStore
 
 #: The newest migration: what a store migrates a new database to.
-HEAD = "0002"
+HEAD = "0003"
 
 _clock = itertools.count(1_700_000_000)
 
@@ -28,6 +28,8 @@ def new_response(
     input_items: list[dict[str, Any]] | None = None,
     created_at: int | None = None,
     model: str = "gpt-oss-20b",
+    project: str = "default",
+    api_key_id: str | None = None,
 ) -> NewResponse:
     rid = rid or response_id()
     items = (
@@ -43,6 +45,8 @@ def new_response(
         background=background,
         request={"model": model, "input": items, "stream": True, "previous_response_id": previous},
         input_items=items,
+        project=project,
+        api_key_id=api_key_id,
     )
 
 

@@ -27,6 +27,7 @@ _TABLES = {
     "response_input_items",
     "response_audit",
     "server_secrets",
+    "api_keys",
 }
 _VIEWS = {
     "response_timeline",
@@ -198,3 +199,24 @@ async def test_alembic_command_line_on_postgres(tmp_path: Path) -> None:
         assert "No new upgrade operations detected" in output
         await asyncio.to_thread(_alembic, "-x", f"url={url}", "downgrade", "base", cwd=tmp_path)
         assert await migrate.current_async(url) is None
+
+
+async def test_rows_made_before_projects_belong_to_the_default_project(empty_url: str) -> None:
+    await migrate.upgrade_async(empty_url, "0002")
+    await _execute(
+        empty_url,
+        "INSERT INTO responses (id, model, status, created_at, background, request) "
+        "VALUES ('resp_old', 'gpt-oss-20b', 'completed', 1, false, '{}')",
+    )
+    await migrate.upgrade_async(empty_url)
+    await migrate.check_async(empty_url)
+    store = await open_store(empty_url, migrate=False)
+    try:
+        row = await store.get("resp_old")
+        assert row is not None and (row.project, row.api_key_id) == ("default", None)
+        new = new_response(project="alpha", api_key_id="key_x")
+        await store.create_response(new)
+        made = await store.get(new.id)
+        assert made is not None and (made.project, made.api_key_id) == ("alpha", "key_x")
+    finally:
+        await store.close()

@@ -1,0 +1,104 @@
+"""``Authorization: Bearer KEY`` on every ``/v1`` route, as an ASGI middleware.
+
+A request to ``/v1`` without a valid key is answered 401 with OpenAI's error (``type``
+``invalid_request_error``, ``code`` ``invalid_api_key``) and a ``WWW-Authenticate`` header;
+the message never repeats the key. A valid key's :class:`~app.keys.Caller` is put in the scope
+for the routes (``app.ownership``, ``app.limits``), its rate is counted (429 over it), and the
+stream slots the route took are given back when the exchange ends.
+
+A server that does not require keys (loopback, none configured: ``make serve``) serves every
+request as :data:`~app.keys.OPEN_CALLER`, the default project. ``/health`` needs no key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from starlette.requests import Request
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from app.errors import APIError, handle_exception
+from app.keys import OPEN_CALLER, Caller, KeyRing
+from app.limits import CALLER, RELEASE, KeyLimits
+from persistence.errors import StoreError
+
+__all__ = ["KeyAuth"]
+
+_BEARER = b"bearer "
+
+
+class KeyAuth:
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not scope["path"].startswith("/v1"):
+            await self.app(scope, receive, send)
+            return
+        state = scope["app"].state
+        ring: KeyRing | None = getattr(state, "keys", None)
+        if ring is None:  # still starting: no one is let in before the keys are known
+            await _answer(
+                scope, receive, send, APIError(503, "The server is starting.", type="server_error")
+            )
+            return
+        caller: Caller = OPEN_CALLER
+        if ring.required:
+            presented = _bearer(scope)
+            found: Caller | None = None
+            if presented:
+                try:
+                    found = await ring.authenticate(presented)
+                except StoreError as exc:
+                    await _answer(scope, receive, send, exc)
+                    return
+            if found is None:
+                await _answer(scope, receive, send, _unauthorized(presented is not None))
+                return
+            caller = found
+        limits: KeyLimits = state.limits
+        refused = limits.admit(caller)
+        if refused is not None:
+            await _answer(scope, receive, send, refused)
+            return
+        releases: list[Callable[[], None]] = []
+        scope[CALLER] = caller
+        scope[RELEASE] = releases
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            for release in releases:
+                release()
+
+
+def _bearer(scope: Scope) -> str | None:
+    """The key of an ``Authorization: Bearer`` header; "" for another or empty one; None
+    without the header."""
+    for name, value in scope["headers"]:
+        if name == b"authorization":
+            raw: bytes = value
+            if raw[:7].lower() != _BEARER:
+                return ""
+            return raw[7:].strip().decode("latin-1")
+    return None
+
+
+def _unauthorized(presented: bool) -> APIError:
+    message = (
+        "Incorrect API key provided. You can find your API key with `responses-ledger keys list`."
+        if presented
+        else "You didn't provide an API key. You need to provide your API key in an Authorization "
+        "header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY)."
+    )
+    return APIError(
+        401,
+        message,
+        code="invalid_api_key",
+        headers={"WWW-Authenticate": 'Bearer realm="responses-ledger"'},
+    )
+
+
+async def _answer(scope: Scope, receive: Receive, send: Send, exc: Exception) -> None:
+    response: Any = await handle_exception(Request(scope, receive), exc)
+    await response(scope, receive, send)
