@@ -14,6 +14,7 @@ import base64
 import contextlib
 import gc
 import logging
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -30,6 +31,7 @@ from app.engines.protocol import Engine, EngineError
 from app.errors import APIError, handle_exception
 from app.http import routes
 from app.keys import KeyRing, is_loopback, keys_required
+from app.leases import SingleProcessOnly, check_single_process
 from app.limits import KeyLimits
 from app.reasoning_crypto import ReasoningCipher, new_key
 from app.service import ResponseService
@@ -115,7 +117,18 @@ def create_app(
             key = await the_store.get_or_create_secret("reasoning_key", new_key)
         service = ResponseService(settings, the_store, the_engine, load_encoding(), ReasoningCipher(key))
         app.state.service = service
-        await the_store.probe()  # a read-only or full database: start degraded, say so on /health
+        if settings.database_url.startswith("sqlite"):
+            try:  # SQLite serves one process: refuse to be a second one
+                check_single_process(await the_store.replicas(), service.replica, time.time())
+            except SingleProcessOnly as exc:
+                if engine is None:
+                    await the_engine.stop()
+                if own_store:
+                    await the_store.close()
+                raise SystemExit(str(exc)) from None
+        # the first heartbeat (this replica's lease row), and whether the database takes writes:
+        # a read-only or full one starts degraded and says so on /health
+        await the_store.probe()
         if settings.recover_on_start:
             if the_store.health.failing:
                 log.warning(

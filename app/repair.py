@@ -7,10 +7,11 @@ yet. The service hands it here, and this loop, running inside the server, closes
 ``response.failed`` (``store_unavailable``) as soon as the database takes writes again, so a
 resumer gets a terminal event and nothing stays ``in_progress`` until some later restart.
 
-The same loop runs start-up recovery (closing what a previous process left in progress:
-``server_error``, "the server restarted") when the database could not be written at start
-(degraded start), and probes an unavailable database so ``/health`` and the admission of new
-writes recover by themselves, after a full disk is freed too.
+The same loop renews this replica's lease (``app.leases``: the heartbeat is also the probe that
+tells ``/health`` whether the database takes writes, so it recovers by itself, after a full
+disk is freed too), and sweeps for orphaned responses, whose owner is no longer alive (it was
+killed, or lost its lease): start-up recovery (``server_error``, "the server restarted") is the
+first sweep, run from the loop when the database could not be written at start.
 
 Closing a log replays what is durable (``ResponseBuilder.resume``: open items are closed first)
 and appends the terminal event at the next ``seq``. A stranded response whose row exists but
@@ -27,11 +28,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from app.leases import live_ids
 from app.live import stored_event
 from domain.builder import ResponseBuilder
 from domain.events import TERMINAL_TYPES
 from domain.projections import from_wire
 from persistence.errors import StoreUnavailable
+from persistence.records import Replica
 from persistence.store import EventStore
 
 __all__ = ["STORE_UNAVAILABLE", "Repairs", "store_unavailable_error"]
@@ -65,11 +68,24 @@ class Repairs:
         interval_s: float,
         new_id: Callable[[str], str],
         is_live: Callable[[str], bool],
+        replica: Replica | None = None,
+        lease_s: float = 3.0,
+        heartbeat_s: float = 1.0,
     ) -> None:
+        """``replica``: this process's identity (``app.leases``); with it the loop renews its
+        lease every ``heartbeat_s`` and sweeps every ``lease_s`` for orphaned responses (whose
+        owner is not alive), and recovery touches nothing a live replica owns. Without it
+        (tests of the loop alone) recovery closes every unfinished response not live here."""
         self._store = store
         self._interval_s = interval_s
         self._new_id = new_id
         self._is_live = is_live
+        self._replica = replica
+        self._lease_s = lease_s
+        self._heartbeat_s = heartbeat_s
+        self._last_sweep = time.monotonic()
+        if replica is not None:
+            store.lease(replica, lease_s)
         #: response id -> (its ``error`` when closed, the Response skeleton for an empty log)
         self._stranded: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}
         self._recovery_pending = False
@@ -94,16 +110,20 @@ class Repairs:
 
     # -- start-up recovery ---------------------------------------------------------------------
 
-    async def recover(self) -> list[str]:
-        """Close every log a previous process left without a terminal event (``response.failed``,
-        ``server_error``, "the server restarted"), closing its open item first. If the database
-        cannot be written now, the rest is left to the loop (``pending``)."""
+    async def recover(self, message: str = "the server restarted") -> list[str]:
+        """Close every orphaned log (no terminal event, and no live replica generating it:
+        ``response.failed``, ``server_error``, ``message``), closing its open item first. If the
+        database cannot be written now, the rest is left to the loop (``pending``)."""
         closed: list[str] = []
         self._recovery_pending = True
-        for response_id in await self._store.unfinished():
+        self._last_sweep = time.monotonic()
+        owners: list[str] | None = None
+        if self._replica is not None:
+            owners = live_ids(await self._store.replicas(), self._replica, time.time())
+        for response_id in await self._store.unfinished(owned_by_others_than=owners):
             if self._is_live(response_id) or response_id in self._stranded:
                 continue
-            error = {"code": "server_error", "message": "the server restarted"}
+            error = {"code": "server_error", "message": message}
             try:
                 if not await self.close(response_id, error, None):
                     continue
@@ -113,7 +133,7 @@ class Repairs:
                 log.exception("response %s: could not be closed at start-up", response_id)
                 continue
             closed.append(response_id)
-            log.warning("response %s: closed at start-up (the server restarted)", response_id)
+            log.warning("response %s: closed, nobody was generating it (%s)", response_id, message)
         self._recovery_pending = False
         return closed
 
@@ -172,7 +192,11 @@ class Repairs:
         writes, run pending recovery and close the stranded responses."""
         health = self._store.health
         now = time.monotonic()
-        if health.failing or now - max(self._last_probe, health.last_ok_at) >= _IDLE_PROBE_S:
+        if self._replica is not None:
+            due = now - self._last_probe >= self._heartbeat_s  # the heartbeat renews the lease
+        else:
+            due = now - max(self._last_probe, health.last_ok_at) >= _IDLE_PROBE_S
+        if health.failing or due:
             self._last_probe = now
             await self._store.probe()
         if health.failing:
@@ -180,6 +204,8 @@ class Repairs:
         try:
             if self._recovery_pending:
                 await self.recover()
+            elif self._replica is not None and now - self._last_sweep >= self._lease_s:
+                await self.recover("the server generating it stopped")
             for response_id, (error, skeleton) in list(self._stranded.items()):
                 try:
                     closed = await self.close(response_id, error, skeleton)

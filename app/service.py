@@ -28,6 +28,7 @@ from openai_harmony import HarmonyEncoding
 
 from app.engines.protocol import Engine, EngineError, PromptTooLong, Sampling
 from app.errors import APIError, not_found
+from app.leases import new_replica
 from app.live import Backlog, Batch, LogWriter, Run, Subscription, error_frame, stored_frames
 from app.reasoning_crypto import ReasoningCipher
 from app.repair import STORE_UNAVAILABLE, Repairs, store_unavailable_error
@@ -130,11 +131,16 @@ class ResponseService:
         self._tasks: set[asyncio.Task[None]] = set()
         self._backlog = Backlog()
         #: Closes logs the database could not take when they ended (``app.repair``).
+        #: This process as a replica: the owner of every response it creates (``app.leases``).
+        self.replica = new_replica()
         self.repairs = Repairs(
             store,
             interval_s=settings.repair_interval_s,
             new_id=new_id,
             is_live=self._live.__contains__,
+            replica=self.replica,
+            lease_s=settings.lease_s,
+            heartbeat_s=settings.heartbeat_s,
         )
 
     # -- models ----------------------------------------------------------------------------------
@@ -214,6 +220,7 @@ class ResponseService:
                 input_items=input_items,
                 project=project,
                 api_key_id=api_key_id,
+                owner=self.replica.id,
             )
             try:
                 stored = self.store.submit_create(new_response)
@@ -708,6 +715,8 @@ class ResponseService:
         tasks = list(self._tasks)
         if tasks:
             await asyncio.wait(tasks, timeout=10)
+        with contextlib.suppress(StoreError):  # gone cleanly: nothing of ours to sweep
+            await self.store.release(self.replica.id)
 
 
 def _retrieve(future: asyncio.Future[None]) -> None:

@@ -85,6 +85,11 @@ class Settings:
     statement_timeout_s: float = 5.0
     #: How often the repair loop probes an unavailable database and closes stranded responses.
     repair_interval_s: float = 1.0
+    #: A replica's lease: how long after its last heartbeat the responses it owns count as
+    #: orphaned (closed by the other servers' repair loops).
+    lease_s: float = 3.0
+    #: How often a replica renews its lease.
+    heartbeat_s: float = 1.0
     #: Largest request body accepted, in bytes (413 above).
     max_body_bytes: int = 16 * 1024 * 1024
     log_level: str = "info"
@@ -148,6 +153,8 @@ class Settings:
             "RESPONSES_LEDGER_STORE_RETRY_S": ("store_retry_s", float),
             "RESPONSES_LEDGER_STATEMENT_TIMEOUT_S": ("statement_timeout_s", float),
             "RESPONSES_LEDGER_REPAIR_INTERVAL_S": ("repair_interval_s", float),
+            "RESPONSES_LEDGER_LEASE_S": ("lease_s", float),
+            "RESPONSES_LEDGER_HEARTBEAT_S": ("heartbeat_s", float),
             "RESPONSES_LEDGER_LOG_LEVEL": ("log_level", str),
             "RESPONSES_LEDGER_API_KEY": ("api_key", str),
             "RESPONSES_LEDGER_REQUIRE_API_KEY": ("require_api_key", _bool),

@@ -29,6 +29,7 @@ from persistence.records import (
     ChainLink,
     JsonObject,
     NewResponse,
+    Replica,
     ResponseRow,
     StoredEvent,
     dump_json,
@@ -94,6 +95,8 @@ class MemoryStore:
         self._closed = False
         #: Always healthy: this process's memory is the whole store.
         self.health = StoreHealth(retry_s=0)
+        self._owners: dict[str, str | None] = {}
+        self._replica: tuple[Replica, float] | None = None
 
     async def create_response(self, new: NewResponse) -> None:
         await self.submit_create(new)
@@ -127,6 +130,7 @@ class MemoryStore:
             project=new.project,
             api_key_id=new.api_key_id,
         )
+        self._owners[new.id] = new.owner
         self._events[new.id] = []
         self._audit[new.id] = []
         self._inputs[new.id] = inputs
@@ -267,13 +271,31 @@ class MemoryStore:
         page = [json.loads(items[p].item_json) for p in positions[:limit]]
         return page, len(positions) > limit
 
-    async def unfinished(self) -> list[str]:
+    async def unfinished(self, *, owned_by_others_than: Sequence[str] | None = None) -> list[str]:
         self._check_open()
+        live = set(owned_by_others_than or ())
         return [
             row.id
             for row in sorted(self._rows.values(), key=lambda r: (r.created_at, r.id))
             if not self._ended(row.id)
+            and (owned_by_others_than is None or self._owners.get(row.id) not in live)
         ]
+
+    def lease(self, replica: Replica, lease_s: float) -> None:
+        self._replica = (replica, lease_s)
+
+    async def replicas(self) -> list[Replica]:
+        self._check_open()
+        if self._replica is None:
+            return []
+        replica, lease_s = self._replica
+        now = time.time()
+        return [dataclasses.replace(replica, heartbeat_at=now, expires_at=now + lease_s)]
+
+    async def release(self, replica_id: str) -> None:
+        self._check_open()
+        if self._replica is not None and self._replica[0].id == replica_id:
+            self._replica = None
 
     def _ended(self, response_id: str) -> bool:
         log = self._events[response_id]

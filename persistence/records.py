@@ -22,6 +22,7 @@ __all__ = [
     "ChainLink",
     "JsonObject",
     "NewResponse",
+    "Replica",
     "ResponseRow",
     "StoredEvent",
     "check_encodable",
@@ -166,6 +167,19 @@ class NewResponse:
     input_items: list[JsonObject]  # normalised input items, each with an "id"
     project: str = DEFAULT_PROJECT  # whose it is: only this project's keys can see it
     api_key_id: str | None = None  # the key that made it (None: the static key, or no key)
+    owner: str | None = None  # the replica generating it (see ``Replica``)
+
+
+@dataclass(frozen=True, slots=True)
+class Replica:
+    """A server process's lease: ``expires_at`` (unix seconds) is renewed every heartbeat."""
+
+    id: str
+    host: str
+    pid: int
+    started_at: float
+    heartbeat_at: float
+    expires_at: float
 
 
 def item_id(item: JsonObject, position: int) -> str:

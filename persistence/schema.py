@@ -40,6 +40,7 @@ __all__ = [
     "DIALECTS",
     "api_keys",
     "metadata",
+    "replicas",
     "response_audit",
     "response_events",
     "response_input_items",
@@ -83,6 +84,8 @@ responses = Table(
     # key that made it (NULL: the static key, or a server run without keys).
     Column("project", Text, nullable=False, server_default="default"),
     Column("api_key_id", Text),
+    # The replica generating it (migration 0004; NULL: made before, or by a store without one).
+    Column("owner", Text),
     Index(None, "created_at"),
     Index(None, "project", "created_at"),
     Index(None, "api_key_id"),
@@ -152,6 +155,20 @@ server_secrets = Table(
     Column("name", Text, primary_key=True),
     Column("value", LargeBinary, nullable=False),
     Column("created_at", Double, nullable=False),
+)
+
+#: Server processes and their leases: each renews its row every heartbeat; a response whose
+#: ``owner`` has no unexpired row here (or whose process is gone from this host) is orphaned,
+#: and the other servers' repair loops close it.
+replicas = Table(
+    "replicas",
+    metadata,
+    Column("id", Text, primary_key=True),
+    Column("host", Text, nullable=False),
+    Column("pid", Integer, nullable=False),
+    Column("started_at", Double, nullable=False),
+    Column("heartbeat_at", Double, nullable=False),
+    Column("expires_at", Double, nullable=False),
 )
 
 #: API keys (``responses-ledger keys create``): the SHA-256 of each key, never the key.

@@ -84,6 +84,7 @@ from persistence.records import (
     ChainLink,
     JsonObject,
     NewResponse,
+    Replica,
     ResponseRow,
     StoredEvent,
     check_encodable,
@@ -100,6 +101,7 @@ from persistence.schema import (
     responses,
     server_secrets,
 )
+from persistence.schema import replicas as replicas_table
 from persistence.sqlite_writer import SqliteWriter
 from persistence.store import Completion, Done, Order, check_submission
 
@@ -331,6 +333,8 @@ class SqlStore:
         self._last_plan: _Plan | None = None
         # Opened on a read-only filesystem: readers see a snapshot until writes work again.
         self._reopen_reader = reopen_reader
+        # The replica whose lease ``probe`` renews, and for how long (``lease``).
+        self._replica: tuple[Replica, float] | None = None
 
     @property
     def stats(self) -> CommitStats:
@@ -353,6 +357,7 @@ class SqlStore:
             dump_json(new.request),
             new.project,
             new.api_key_id,
+            new.owner,
         )
         items = [
             (new.id, position, item_id(item, position), dump_json(item))
@@ -457,17 +462,23 @@ class SqlStore:
         ``health``. Raises nothing: what it found is in ``health``."""
         self._check_open()
         touch = "UPDATE server_secrets SET created_at = created_at WHERE name = 'reasoning_key'"
+        args: tuple[Any, ...] = ()
+        if self._replica is not None:  # the probe is the heartbeat: renew the lease
+            replica, lease_s = self._replica
+            now = self._clock()
+            touch = self._sql.upsert_replica
+            args = (replica.id, replica.host, replica.pid, replica.started_at, now, now + lease_s)
         try:
             async with asyncio.timeout(self._statement_timeout_s):
                 if self._direct is not None:
-                    await self._direct.transaction(lambda conn: conn.execute(touch))
+                    await self._direct.transaction(lambda conn: conn.execute(touch, args))
                 else:
                     async with self._writer.connect() as conn:
                         raw = (await conn.get_raw_connection()).driver_connection
                         assert raw is not None
                         try:
                             async with raw.transaction():
-                                await raw.execute(touch)
+                                await raw.execute(touch, *args)
                         except BaseException:
                             with contextlib.suppress(Exception):
                                 await conn.invalidate()
@@ -892,15 +903,43 @@ class SqlStore:
             page = list((await conn.execute(query.order_by(position).limit(limit + 1))).scalars())
         return page[:limit], len(page) > limit
 
-    async def unfinished(self) -> list[str]:
+    async def unfinished(self, *, owned_by_others_than: Sequence[str] | None = None) -> list[str]:
+        """Responses whose log has no terminal event, oldest first. With
+        ``owned_by_others_than``: only those with no owner or an owner not in it (the live
+        replicas: what is left is orphaned)."""
         self._check_open()
         query = (
             select(responses.c.id)
             .where(responses.c.status.not_in(sorted(TERMINAL_STATUSES)))
             .order_by(responses.c.created_at, responses.c.id)
         )
+        if owned_by_others_than is not None:
+            owner = responses.c.owner
+            query = query.where(owner.is_(None) | owner.not_in(list(owned_by_others_than)))
         async with self._read() as conn:
             return list((await conn.execute(query)).scalars())
+
+    # -- replicas -----------------------------------------------------------------------
+
+    def lease(self, replica: Replica, lease_s: float) -> None:
+        """From now on ``probe`` renews ``replica``'s lease for ``lease_s`` (the heartbeat)."""
+        self._replica = (replica, lease_s)
+
+    async def replicas(self) -> list[Replica]:
+        """Every replica row, expired or not."""
+        self._check_open()
+        async with self._read() as conn:
+            rows = await conn.execute(select(*replicas_table.c).order_by(replicas_table.c.started_at))
+            return [
+                Replica(r.id, r.host, r.pid, r.started_at, r.heartbeat_at, r.expires_at)
+                for r in rows
+            ]
+
+    async def release(self, replica_id: str) -> None:
+        """Remove a replica's row (a clean shutdown: nothing of it is left to take over)."""
+        self._check_open()
+        async with _store_errors(), self._writer.begin() as conn:
+            await conn.execute(delete(replicas_table).where(replicas_table.c.id == replica_id))
 
     @asynccontextmanager
     async def _read(self, *, repeatable: bool = False) -> AsyncIterator[AsyncConnection]:
@@ -948,6 +987,7 @@ class _Statements:
                 "request",
                 "project",
                 "api_key_id",
+                "owner",
             ),
         )
         self.insert_input_item = insert(
@@ -967,6 +1007,11 @@ class _Statements:
         )
         where = f"${len(columns) + 1}" if postgres else "?"
         self.update_response = _Statement(f"UPDATE responses SET {sets} WHERE id = {where}")
+        self.upsert_replica = (
+            f"INSERT INTO replicas (id, host, pid, started_at, heartbeat_at, expires_at)"
+            f" VALUES ({self._marks(6)}) ON CONFLICT (id) DO UPDATE SET"
+            " heartbeat_at = excluded.heartbeat_at, expires_at = excluded.expires_at"
+        )
 
     def _marks(self, count: int) -> str:
         return ", ".join(f"${i}" if self._postgres else "?" for i in range(1, count + 1))

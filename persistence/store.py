@@ -46,6 +46,7 @@ from persistence.records import (
     ChainLink,
     JsonObject,
     NewResponse,
+    Replica,
     ResponseRow,
     StoredEvent,
 )
@@ -148,7 +149,17 @@ class EventStore(Protocol):
         self, response_id: str, *, after: str | None, limit: int, order: Order
     ) -> tuple[list[JsonObject], bool]: ...
 
-    async def unfinished(self) -> list[str]: ...
+    async def unfinished(self, *, owned_by_others_than: Sequence[str] | None = None) -> list[str]:
+        """Responses whose log has no terminal event (with ``owned_by_others_than``: only
+        those whose owner is not among them, or that have none)."""
+        ...
+
+    def lease(self, replica: Replica, lease_s: float) -> None:
+        """From now on ``probe`` renews this replica's lease (the heartbeat)."""
+
+    async def replicas(self) -> list[Replica]: ...
+
+    async def release(self, replica_id: str) -> None: ...
 
     # API keys (``app.keys``): only the SHA-256 of a key is stored.
 

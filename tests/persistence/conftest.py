@@ -18,7 +18,7 @@ import pytest
 from persistence.migrate import upgrade_async
 from tests.support.postgres import fresh_database, unavailable
 
-_TABLES = "responses, response_events, response_input_items, response_audit, server_secrets"
+_TABLES = "responses, response_events, response_input_items, response_audit, server_secrets, replicas"
 
 
 @pytest.fixture(scope="session")

@@ -27,8 +27,7 @@ _TABLES = {
     "response_input_items",
     "response_audit",
     "server_secrets",
-    "api_keys",
-}
+    "api_keys", "replicas"}
 _VIEWS = {
     "response_timeline",
     "response_text",
