@@ -12,6 +12,8 @@ expect); the lead was told:
 * a POST while the store is down: 503 with ``Retry-After`` an integer number of seconds >= 1 and
   an OpenAI error body (``message``, ``type`` ``server_error``, ``param`` key present,
   ``code`` ``store_unavailable``); it may take up to statement timeout + retry time to answer;
+  a DELETE of a response while PostgreSQL is stopped answers the same (the cancel path is not
+  probed: which check comes first for a non-background response, 400 or 503, is left open);
 * a resumer opened during the outage never hangs: it ends with the terminal event, the ``error``
   event, or is refused with 503, at the latest 30 s after the store is back;
 * a 400 for a lone surrogate names the parameter: ``param``'s first component (before ``.`` or
@@ -81,6 +83,8 @@ def outage(run: Outage, *, posts: int = 4) -> None:
     assert set(run.figures.statuses.values()) == {"failed"}, context
     health_unavailable(run.health_during, context)
     store_unavailable_503(run.post_during, context)
+    if run.delete_during is not None:  # probed on a stopped PostgreSQL
+        store_unavailable_503(run.delete_during, context)
     assert run.resume_during in ("terminal", "error", "http 503"), context
     health_ok(run.health_after, context)
     posts_work(run.posts_after, posts, context)

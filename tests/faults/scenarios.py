@@ -166,6 +166,8 @@ class Outage:
     health_during: Probe | None = None
     #: a POST while the store was down
     post_during: Probe | None = None
+    #: a DELETE of a stream's response while the store was down (when asked for)
+    delete_during: Probe | None = None
     #: a resumer opened while the store was down: how it ended
     resume_during: str | None = None
     #: /health after the fault ended (its ``seconds``: how long until 200)
@@ -179,7 +181,7 @@ class Outage:
         lines = [f"[{self.name}] " + self.figures.summary()]
         lines.append(f"streams ended {self.streams_ended_s} s after the fault started")
         for label, probe in (("health during", self.health_during), ("POST during", self.post_during),
-                             ("health after", self.health_after)):
+                             ("DELETE during", self.delete_during), ("health after", self.health_after)):
             if probe is not None:
                 lines.append(f"{label}: {probe.describe()} after {probe.seconds:.1f} s")
         if self.resume_during is not None:
@@ -202,6 +204,7 @@ def outage(
     end: Callable[[], None],
     streams_end_within_s: float,
     probes: bool = True,
+    delete_probe: bool = False,
     posts_after: int = 4,
 ) -> Outage:
     """The common shape: streams under way; ``inject()``; wait (at most
@@ -223,6 +226,10 @@ def outage(
                 result.health_during = health_until(server.base_url, 503, within_s=SLACK_S)
                 result.post_during = post_once(server.base_url, timeout_s=20)
                 target = next((s for s in live if s.response_id and s.ending == "error"), None)
+                if delete_probe and target is not None:
+                    result.delete_during = _request(
+                        "DELETE", f"{server.base_url}/v1/responses/{target.response_id}", 20
+                    )
                 if target is not None and target.response_id is not None:
                     resumer = LiveStream.resume(server.base_url, target.response_id, target.last_seq)
                     resumer.start()
@@ -270,7 +277,7 @@ def pg_stop(cluster: PgCluster, workdir: Path, *, streams: int, retry_s: float =
     return outage(
         "pg-stop", workdir, cluster.url, streams=streams, env=env,
         inject=lambda: cluster.stop("fast"), end=cluster.start,
-        streams_end_within_s=retry_s + 2 + SLACK_S,
+        streams_end_within_s=retry_s + 2 + SLACK_S, delete_probe=True,
     )
 
 

@@ -7,17 +7,26 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import json
 import sqlite3
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import pytest
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
 
-from tests.faults.outcomes import _lines, parse_sse
+from tests.faults.outcomes import LiveStream, _lines, parse_sse, settle, wait_until
 from tests.faults.storage import Tmpfs, WriteLock
 from tests.support.pg_cluster import PgCluster
 from tests.support.postgres import ADMIN_DSN
+from tests.support.server import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -113,3 +122,87 @@ def test_the_sse_reader_sees_frames_split_anywhere() -> None:
     for size in (1, 3, 7, len(raw)):
         chunks = [raw[i : i + size] for i in range(0, len(raw), size)]
         assert list(parse_sse(_lines(chunks))) == expected
+
+
+# -- settle() against a fake server: it accepts the contract's endings and counts the rest ----
+
+
+def _fake_logs(error_seq: int) -> dict[str, list[dict[str, Any]]]:
+    def response(rid: str, status: str, error: dict[str, Any] | None = None) -> dict[str, Any]:
+        return {"id": rid, "object": "response", "status": status, "error": error}
+
+    failed = {"code": "store_unavailable", "message": "the store was unavailable"}
+    logs: dict[str, list[dict[str, Any]]] = {}
+    for rid, status in (("ok", "completed"), ("error", "failed"), ("silent", "failed")):
+        terminal = "response.completed" if status == "completed" else "response.failed"
+        logs[rid] = [
+            {"seq": 0, "type": "response.created", "payload": {"response": response(rid, "in_progress")}},
+            {"seq": 1, "type": "response.output_text.delta", "payload": {"delta": "Hi"}},
+            {"seq": 2, "type": terminal,
+             "payload": {"response": response(rid, status, None if status == "completed" else failed)}},
+        ]
+    logs["_error_seq"] = [{"seq": error_seq}]
+    return logs
+
+
+def _frame(event: dict[str, Any]) -> bytes:
+    data = {"type": event["type"], "sequence_number": event["seq"], **event["payload"]}
+    return f"event: {event['type']}\ndata: {json.dumps(data)}\n\n".encode()
+
+
+def _fake_app(logs: dict[str, list[dict[str, Any]]]) -> Starlette:
+    async def create(request: Request) -> Response:
+        rid = (await request.json())["input"]
+        log = logs[rid]
+        body = _frame(log[0]) + _frame(log[1])
+        if rid == "ok":
+            body += _frame(log[2])
+        elif rid == "error":
+            error = {"type": "error", "code": "store_unavailable", "message": "gone", "param": None,
+                     "sequence_number": logs["_error_seq"][0]["seq"]}
+            body += f"event: error\ndata: {json.dumps(error)}\n\n".encode()
+        return Response(body, media_type="text/event-stream")  # "silent": EOF after the delta
+
+    async def get(request: Request) -> Response:
+        log = logs[request.path_params["rid"]]
+        if request.query_params.get("stream") == "true":
+            after = int(request.query_params["starting_after"])
+            return Response(b"".join(_frame(e) for e in log[after + 1 :]), media_type="text/event-stream")
+        return JSONResponse(log[-1]["payload"]["response"])
+
+    async def events(request: Request) -> Response:
+        return JSONResponse({"data": logs[request.path_params["rid"]]})
+
+    return Starlette(routes=[
+        Route("/v1/responses", create, methods=["POST"]),
+        Route("/v1/responses/{rid}", get, methods=["GET"]),
+        Route("/v1/responses/{rid}/events", events, methods=["GET"]),
+    ])
+
+
+@pytest.mark.parametrize("error_seq", [2, 1])
+def test_settle_accepts_the_contract_and_counts_the_rest(error_seq: int) -> None:
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(_fake_app(_fake_logs(error_seq)), host="127.0.0.1",
+                                           port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: server.started, 30, "the fake server")
+        base = f"http://127.0.0.1:{port}"
+        streams = [LiveStream(base, {"input": rid}) for rid in ("ok", "error", "silent")]
+        for stream in streams:
+            stream.start()
+        figures = settle(base, streams, fault_ended_at=time.monotonic(), terminal_within_s=5)
+    finally:
+        server.should_exit = True
+        thread.join(10)
+    assert [s.ending for s in streams] == ["terminal", "error", "eof"]
+    assert figures.endings == {"terminal": 1, "error": 1, "eof": 1}
+    assert len(figures.silent) == 1 and figures.silent[0].startswith("silent:")
+    assert not figures.lost and not figures.non_terminal and not figures.bad_logs
+    assert not figures.bad_resumes  # the resumer of "error" got seq 2, the terminal event
+    if error_seq == 2:  # the seq the next event would have taken
+        assert not figures.bad_errors
+    else:
+        assert len(figures.bad_errors) == 1 and "sequence_number is 1" in figures.bad_errors[0]
