@@ -12,7 +12,8 @@ temporary directory, loopback only), runs for a bounded time and stops it.
   (a server of its own; generating that many responses at once costs memory too), over the
   readers; how many of those responses completed in the store, and how many of the stalled
   connections the server closed (each client reads what is left once the responses are stored:
-  a closed stream ends without ``response.completed``).
+  a closed stream ends without ``response.completed``). With ``--resume`` the stalled clients
+  resume background responses (``GET ?stream=true``) instead of reading their POST's stream.
 - ``slow-heads``: the server runs with RLIMIT_NOFILE ``--fd-limit`` (256, soft and hard, as in
   the issue); ``--slow`` clients each send a request head at 1 byte/s (reconnecting when the
   server closes them, as an attacker would) while ``--requests`` normal requests are made, one
@@ -144,13 +145,19 @@ def _post(body: dict[str, Any]) -> bytes:
             f"Content-Length: {len(data)}\r\n\r\n").encode() + data
 
 
-def _stall(port: int) -> tuple[socket.socket, str]:
-    """A streamed POST read up to its response.created event; then nothing more is read."""
+def _stall(port: int, resume: bool = False) -> tuple[socket.socket, str]:
+    """A streamed POST read up to its response.created event; then nothing more is read. With
+    ``resume``: a background POST, then its stream resumed (``GET ?stream=true``), likewise."""
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     sock.settimeout(60)
     sock.connect((HOST, port))
-    sock.sendall(_post({"model": MODEL, "input": "go", "stream": True}))
+    if resume:
+        created = httpx.post(f"http://{HOST}:{port}/v1/responses", timeout=60,
+                             json={"model": MODEL, "input": "go", "background": True}).json()
+        sock.sendall(f"GET /v1/responses/{created['id']}?stream=true HTTP/1.1\r\nHost: {HOST}\r\n\r\n".encode())
+    else:
+        sock.sendall(_post({"model": MODEL, "input": "go", "stream": True}))
     seen = b""
     while b'"response.created"' not in seen or b"\n\n" not in seen.split(b'"response.created"', 1)[1]:
         chunk = sock.recv(4096)
@@ -187,7 +194,7 @@ def _read_all(base: str, out: list[int]) -> None:
         out.append(sum(len(c) for c in r.iter_bytes()))
 
 
-def _generate(readers: int, words: int, stall: bool) -> dict[str, Any]:
+def _generate(readers: int, words: int, stall: bool, resume: bool = False) -> dict[str, Any]:
     """``readers`` streamed responses at once, their clients stalled after response.created
     (or reading everything, ``stall=False``): the server's RSS before and at its peak."""
     text = " ".join(f"word{i}" for i in range(words))
@@ -202,7 +209,7 @@ def _generate(readers: int, words: int, stall: bool) -> dict[str, Any]:
         states: dict[str, str] = {}
         with _Sampler(pid) as sampler:
             if stall:
-                clients = [_stall(port) for _ in range(readers)]
+                clients = [_stall(port, resume) for _ in range(readers)]
                 ids = [rid for _, rid in clients]
                 deadline = time.monotonic() + 1800
                 with httpx.Client(base_url=base, timeout=60) as http:
@@ -236,13 +243,14 @@ def _generate(readers: int, words: int, stall: bool) -> dict[str, Any]:
     }
 
 
-def stalled(readers: int, words: int) -> dict[str, Any]:
+def stalled(readers: int, words: int, resume: bool = False) -> dict[str, Any]:
     reading = _generate(readers, words, stall=False)
-    stalls = _generate(readers, words, stall=True)
+    stalls = _generate(readers, words, stall=True, resume=resume)
     grew_reading = reading["peak"] - reading["before"]
     grew_stalled = stalls["peak"] - stalls["before"]
     return {
-        "readers": readers,
+        "readers": "resumed (GET ?stream=true)" if resume else "streamed POST",
+        "clients": readers,
         "stream_mb": stalls["stream_mb"],
         "rss_before_mb": round(stalls["before"], 1),
         "rss_peak_mb": round(stalls["peak"], 1),
@@ -337,6 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("scenario", nargs="?", choices=["stalled", "slow-heads", "both"], default="both")
     parser.add_argument("--readers", type=int, default=96)
     parser.add_argument("--words", type=int, default=6_800, help="final text of each response (6,800: ~4.7 MB of SSE)")
+    parser.add_argument("--resume", action="store_true", help="stalled: the clients resume background responses instead")
     parser.add_argument("--slow", type=int, default=250)
     parser.add_argument("--requests", type=int, default=20)
     parser.add_argument("--fd-limit", type=int, default=256)
@@ -345,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     runs: dict[str, Callable[[], dict[str, Any]]] = {
-        "stalled": lambda: stalled(args.readers, args.words),
+        "stalled": lambda: stalled(args.readers, args.words, args.resume),
         "slow-heads": lambda: slow_heads(args.slow, args.requests, args.fd_limit, args.interval, args.timeout),
     }
     for name in (["stalled", "slow-heads"] if args.scenario == "both" else [args.scenario]):
