@@ -34,7 +34,7 @@ MODEL = "gpt-oss-transport"
 WORDS = " ".join(f"word{i}" for i in range(12_000))
 BIG = {"completion": harmony(("final", WORDS))}
 SEND_BUFFER = 64 * 1024
-STALL_S = 1.0
+STALL_S = 2.0  # long enough that a loaded machine does not mistake the send-buffer cut for it
 HEADER_TIMEOUT_S = 0.5
 KEEP_ALIVE_S = 0.5
 MAX_HEAD = 8 * 1024
@@ -169,7 +169,7 @@ def test_stalled_live_stream_is_closed_past_the_send_buffer_and_its_response_is_
         rest, ended = _read_rest(sock, timeout=10)
     assert ended in ("eof", "reset")
     assert b"response.completed" not in first + rest
-    assert _stats(server).cut_send_buffer == cuts + 1
+    assert _stats(server).cut_send_buffer == cuts + 1, _stats(server)
 
 
 def test_stalled_replay_is_closed_after_the_stall_time(server: RunningServer, engine: ScriptedEngine) -> None:
@@ -186,7 +186,7 @@ def test_stalled_replay_is_closed_after_the_stall_time(server: RunningServer, en
         rest, ended = _read_rest(sock, timeout=10)
     assert ended in ("eof", "reset")
     assert b"response.completed" not in first + rest
-    assert _stats(server).cut_stalled == cuts + 1
+    assert _stats(server).cut_stalled == cuts + 1, _stats(server)
 
 
 def test_slow_request_head_is_cut_after_the_header_timeout(server: RunningServer) -> None:
@@ -239,7 +239,8 @@ def test_idle_keep_alive_connection_is_closed(server: RunningServer) -> None:
     status, _, body = _response(raw)
     assert status == 200 and json.loads(body) == {"status": "ok"}
     assert ended == "eof"
-    assert KEEP_ALIVE_S <= time.monotonic() - start < KEEP_ALIVE_S + 3
+    # (asyncio may run a timer up to its clock's resolution early; uvicorn's default is 5 s)
+    assert KEEP_ALIVE_S * 0.9 <= time.monotonic() - start < KEEP_ALIVE_S + 3
 
 
 def test_connection_cap_full_of_slow_heads_still_serves_a_request(capped: RunningServer) -> None:
