@@ -24,8 +24,10 @@ one ``Settings.http_implementation`` names):
 - **Connection cap**: at most ``http_max_connections`` open connections (0: sized at start from
   the soft RLIMIT_NOFILE, which :func:`raise_fd_limit` first raises to the hard limit, less the
   descriptors start-up left open and a reserve). A connection over the cap makes room by closing
-  the connection that has waited longest while reading a request head or idle between requests;
-  only when every connection is busy with a request is the new one refused (503, Retry-After).
+  one already answered (408, 431: they are read for a moment before the close, so the client
+  gets the answer rather than a reset), or else the connection that has waited longest while
+  reading a request head or idle between requests; only when every connection is busy with a
+  request is the new one refused (503, Retry-After, closed at once).
 - **Send bounds**: a connection whose write buffer stays above its high-water mark for
   ``send_stall_s`` (the client reads nothing) is aborted, whatever it was sending. A live stream
   (``app.http`` marks it through :func:`bounded_send`) does not wait for the client at all until
@@ -160,6 +162,7 @@ class _Connections:
         self.open = 0
         self.stats = Stats()
         self._waiting: dict[_Guard, None] = {}  # insertion order: longest-waiting first
+        self._lingering: dict[_Guard, None] = {}  # answered (408, 431), read until they close
 
     def size(self, connections_now: int) -> None:
         soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -178,18 +181,20 @@ class _Connections:
         log.info("connection cap: %s (file-descriptor limit %d, %s in use at start)", self.cap, soft, used)
 
     def admit(self, conn: _Guard) -> bool:
-        """Count a new connection; over the cap, close the longest-waiting one to make room.
-        False: the cap is reached and every connection is busy with a request."""
+        """Count a new connection; over the cap, close a lingering one or else the
+        longest-waiting one to make room. False: the cap is reached and every connection is busy
+        with a request."""
         self.open += 1
         if self.cap is None or self.open <= self.cap:
             return True
-        if not self._waiting:
-            self.stats.refused += 1
-            return False
-        oldest = next(iter(self._waiting))
-        self.stats.evicted += 1
-        oldest.evict()
-        return True
+        for queue in (self._lingering, self._waiting):
+            if queue:
+                oldest = next(iter(queue))
+                self.stats.evicted += 1
+                oldest.evict()
+                return True
+        self.stats.refused += 1
+        return False
 
     def waiting(self, conn: _Guard) -> None:
         self._waiting.pop(conn, None)
@@ -197,9 +202,15 @@ class _Connections:
 
     def busy(self, conn: _Guard) -> None:
         self._waiting.pop(conn, None)
+        self._lingering.pop(conn, None)
+
+    def linger(self, conn: _Guard) -> None:
+        self._waiting.pop(conn, None)
+        self._lingering[conn] = None
 
     def gone(self, conn: _Guard) -> None:
         self._waiting.pop(conn, None)
+        self._lingering.pop(conn, None)
         self.open -= 1
 
 
@@ -257,8 +268,9 @@ class _Guard:
         self._high_water = self.transport.get_write_buffer_limits()[1]
         self._counted = True
         if not self._connections.admit(self):
+            # closed at once: refused connections must not hold descriptors the cap counts on
             self._reject(503, "Service Unavailable", "The server has too many open connections; retry shortly.",
-                         "too_many_connections", retry_after=1)
+                         "too_many_connections", retry_after=1, linger=False)
             return
         self._wait(_HEAD)
 
@@ -408,22 +420,27 @@ class _Guard:
         self._cut()
 
     def evict(self) -> None:
-        """Make room for a new connection (this one is reading a head, or idle)."""
+        """Make room for a new connection (this one is reading a head, idle, or lingering)."""
         self._connections.busy(self)
         self._close()
 
-    def _reject(self, status: int, reason: str, message: str, code: str, *, retry_after: int | None = None) -> None:
-        """Answer ``status`` and close; what the client still sends is read and discarded for a
-        moment, so the close does not reset the connection before it reads the answer."""
+    def _reject(
+        self, status: int, reason: str, message: str, code: str, *, retry_after: int | None = None,
+        linger: bool = True,
+    ) -> None:
+        """Answer ``status`` and close; with ``linger``, what the client still sends is read
+        and discarded for a moment first, so the close does not reset the connection before it
+        reads the answer (such a connection is the first to make room under the cap)."""
         self._done = True
-        self._connections.busy(self)
         self._cancel_timers()
         transport = self.transport
         transport.write(_answer(status, reason, message, code, retry_after=retry_after))
-        if transport.can_write_eof():
+        if linger and transport.can_write_eof():
+            self._connections.linger(self)
             transport.write_eof()
             self.loop.call_later(_LINGER_S, self._close)
         else:
+            self._connections.busy(self)
             transport.close()
 
     def _close(self) -> None:

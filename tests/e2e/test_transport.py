@@ -265,6 +265,28 @@ def test_connection_cap_full_of_slow_heads_still_serves_a_request(capped: Runnin
             sock.close()
 
 
+def test_connection_cap_makes_room_with_an_answered_connection_first(capped: RunningServer) -> None:
+    with _connect(capped) as answered:  # 431, then read and discarded for a moment before the close
+        answered.sendall(b"GET /health HTTP/1.1\r\nX-Big: " + b"a" * (MAX_HEAD + 1) + b"\r\n\r\n")
+        raw, ended = _read_rest(answered, timeout=5)
+        assert _response(raw)[0] == 431 and ended == "eof"
+        slow = []
+        try:
+            for _ in range(CAP - 1):
+                sock = _connect(capped)
+                sock.sendall(b"GET /health HTTP/1.1\r\nHost: t\r\n")
+                slow.append(sock)
+            resp = httpx.get(capped.base_url + "/health", timeout=10, headers={"Connection": "close"})
+            assert resp.status_code == 200
+            for sock in slow:  # the answered connection made room, not the longest-waiting head
+                sock.setblocking(False)
+                with pytest.raises(BlockingIOError):
+                    sock.recv(1)
+        finally:
+            for sock in slow:
+                sock.close()
+
+
 def test_connection_cap_full_of_requests_refuses_a_new_connection(
     capped: RunningServer, engine: ScriptedEngine
 ) -> None:
