@@ -70,8 +70,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _serve(args: argparse.Namespace) -> None:
-    import uvicorn
-
+    from app import transport
     from app.main import create_app
 
     engine_options = {
@@ -97,8 +96,7 @@ def _serve(args: argparse.Namespace) -> None:
     )
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = create_app(settings)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
-                access_log=False)
+    transport.run(app, settings)
 
 
 async def _open(url: str | None) -> Any:

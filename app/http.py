@@ -17,6 +17,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from app import transport
 from app.errors import APIError
 from app.limits import take_stream
 from app.live import Run
@@ -73,8 +74,21 @@ class _EventStream(EventSourceResponse):
     """sse-starlette (pinned 3.7.0) wraps every chunk's send in an anyio cancel scope for its
     optional per-send timeout. We set no such timeout, and when an engine paces tokens slowly
     every token is its own chunk, so the scope was a measurable part of each token's cost: without
-    a timeout the chunk is sent directly (a stuck client is still handled: disconnects end the
-    stream, and uvicorn's flow control pauses the writer)."""
+    a timeout the chunk is sent directly.
+
+    A stuck client is handled by the transport (``app.transport``): a connection whose client
+    reads nothing for ``send_stall_s`` is closed. A ``live`` stream (the creating POST's: every
+    batch it sends is published to it whether it sends or not, so while its send waits they pile
+    up in its subscription) does not wait for its client at all: it sends through
+    ``transport.bounded_send``, which queues up to ``send_buffer_bytes`` in the transport and
+    closes the connection beyond that; the disconnect ends the stream and its subscription."""
+
+    def __init__(self, *args: Any, live: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.live = live
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await super().__call__(scope, receive, transport.bounded_send(scope, send) if self.live else send)
 
     async def _send_with_timeout(self, send: Any, message: Any) -> None:
         if self.send_timeout is None:
@@ -83,8 +97,8 @@ class _EventStream(EventSourceResponse):
             await super()._send_with_timeout(send, message)
 
 
-def _sse(frames: AsyncIterator[bytes]) -> EventSourceResponse:
-    return _EventStream(frames, ping=15, headers={"Cache-Control": "no-cache"})
+def _sse(frames: AsyncIterator[bytes], *, live: bool = False) -> EventSourceResponse:
+    return _EventStream(frames, ping=15, headers={"Cache-Control": "no-cache"}, live=live)
 
 
 async def create_response(request: Request) -> Response:
@@ -103,7 +117,7 @@ async def create_response(request: Request) -> Response:
         if not run.published:
             raise _run_failure(run, "The response could not be stored.")
         if create.stream:
-            return _sse(_live_stream(service, run))
+            return _sse(_live_stream(service, run), live=True)
         return JSONResponse(run.created_response)
     await run.finished.wait()
     if run.final_response is None:

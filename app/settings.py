@@ -92,6 +92,22 @@ class Settings:
     heartbeat_s: float = 1.0
     #: Largest request body accepted, in bytes (413 above).
     max_body_bytes: int = 16 * 1024 * 1024
+    #: HTTP limits (see ``app.transport``). The whole request head must arrive within this many
+    #: seconds of its first byte (of the connection, for its first request); 408 after.
+    http_header_timeout_s: float = 10.0
+    #: An idle keep-alive connection is closed after this many seconds.
+    http_keep_alive_s: float = 5.0
+    #: Largest request head (request line and headers), in bytes (431 above).
+    http_max_head_bytes: int = 64 * 1024
+    #: Most open connections; over it the one waiting longest for a request (reading its head,
+    #: or idle) is closed to make room. 0: sized from the file-descriptor limit at start.
+    http_max_connections: int = 0
+    #: uvicorn's HTTP/1.1 parser: auto (httptools when installed, else h11), h11 or httptools.
+    http_implementation: str = "auto"
+    #: A live stream whose client has this many bytes unread is closed (the response goes on).
+    send_buffer_bytes: int = 4 * 1024 * 1024
+    #: A connection whose client reads nothing for this many seconds is closed.
+    send_stall_s: float = 60.0
     log_level: str = "info"
     #: Garbage collector tuning, applied once start-up is done: everything alive then is frozen
     #: (``gc.freeze``: never scanned again) and the thresholds are set to this. Streaming makes
@@ -155,6 +171,13 @@ class Settings:
             "RESPONSES_LEDGER_REPAIR_INTERVAL_S": ("repair_interval_s", float),
             "RESPONSES_LEDGER_LEASE_S": ("lease_s", float),
             "RESPONSES_LEDGER_HEARTBEAT_S": ("heartbeat_s", float),
+            "RESPONSES_LEDGER_HTTP_HEADER_TIMEOUT_S": ("http_header_timeout_s", float),
+            "RESPONSES_LEDGER_HTTP_KEEP_ALIVE_S": ("http_keep_alive_s", float),
+            "RESPONSES_LEDGER_HTTP_MAX_HEAD_BYTES": ("http_max_head_bytes", int),
+            "RESPONSES_LEDGER_HTTP_MAX_CONNECTIONS": ("http_max_connections", int),
+            "RESPONSES_LEDGER_HTTP_IMPLEMENTATION": ("http_implementation", str),
+            "RESPONSES_LEDGER_SEND_BUFFER_BYTES": ("send_buffer_bytes", int),
+            "RESPONSES_LEDGER_SEND_STALL_S": ("send_stall_s", float),
             "RESPONSES_LEDGER_LOG_LEVEL": ("log_level", str),
             "RESPONSES_LEDGER_API_KEY": ("api_key", str),
             "RESPONSES_LEDGER_REQUIRE_API_KEY": ("require_api_key", _bool),

@@ -16,6 +16,7 @@ from typing import Any
 
 import uvicorn
 
+from app import transport
 from app.main import create_app
 from app.settings import Settings
 
@@ -41,8 +42,7 @@ class RunningServer:
 def serve(settings: Settings, **app_kwargs: Any) -> Iterator[RunningServer]:
     port = free_port()
     app = create_app(settings, **app_kwargs)
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
-    server = uvicorn.Server(config)
+    server = transport.server(app, settings, host="127.0.0.1", port=port, log_level="warning")
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 60
