@@ -93,7 +93,7 @@ def _connect(server: RunningServer, *, rcvbuf: int | None = None) -> socket.sock
 def _post(path: str, body: dict[str, Any]) -> bytes:
     data = json.dumps(body).encode()
     return (
-        f"POST {path} HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
         f"Content-Length: {len(data)}\r\n\r\n"
     ).encode() + data
 
@@ -157,7 +157,9 @@ def test_stalled_live_stream_is_closed_past_the_send_buffer_and_its_response_is_
         sock.sendall(_post("/v1/responses", {"model": MODEL, "input": "go", "stream": True}))
         first = b""
         while b"response.created" not in first or b"\n\n" not in first.split(b"response.created", 1)[1]:
-            first += sock.recv(4096)
+            chunk = sock.recv(4096)
+            assert chunk, first[:500]  # the server answered without a stream
+            first += chunk
         created = next(e for e in sse_events(first.partition(b"\r\n\r\n")[2]) if e["type"] == "response.created")
         response_id = created["response"]["id"]
         # ... and the client reads no more. The response is generated and stored all the same:
@@ -179,7 +181,7 @@ def test_stalled_replay_is_closed_after_the_stall_time(server: RunningServer, en
     cuts = _stats(server).cut_stalled
     sock = _connect(server, rcvbuf=4096)
     with sock:
-        sock.sendall(f"GET /v1/responses/{done.json()['id']}?stream=true HTTP/1.1\r\nHost: t\r\n\r\n".encode())
+        sock.sendall(f"GET /v1/responses/{done.json()['id']}?stream=true HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
         first = sock.recv(4096)
         assert first.startswith(b"HTTP/1.1 200")
         time.sleep(STALL_S + 2)  # not reading: a replay waits for its client, up to STALL_S
@@ -194,7 +196,7 @@ def test_slow_request_head_is_cut_after_the_header_timeout(server: RunningServer
     with sock:
         start = time.monotonic()
         with contextlib.suppress(OSError):
-            for byte in b"GET /health HTTP/1.1\r\nHost: t\r\nX-Slow: " + b"a" * 100:
+            for byte in b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: " + b"a" * 100:
                 sock.send(bytes([byte]))  # one byte each 0.05 s: the head takes 6 s
                 time.sleep(0.05)
                 if time.monotonic() - start > 4:
@@ -215,7 +217,7 @@ def test_slow_request_head_is_cut_after_the_header_timeout(server: RunningServer
 
 def test_oversized_request_head_is_refused(server: RunningServer) -> None:
     def head(size: int) -> bytes:
-        return f"GET /health HTTP/1.1\r\nHost: t\r\nX-Big: {'a' * size}\r\n\r\n".encode()
+        return f"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: {'a' * size}\r\n\r\n".encode()
 
     with _connect(server) as sock:
         sock.sendall(head(MAX_HEAD - 200))
@@ -233,7 +235,7 @@ def test_oversized_request_head_is_refused(server: RunningServer) -> None:
 
 def test_idle_keep_alive_connection_is_closed(server: RunningServer) -> None:
     with _connect(server) as sock:
-        sock.sendall(b"GET /health HTTP/1.1\r\nHost: t\r\n\r\n")
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         start = time.monotonic()
         raw, ended = _read_rest(sock, timeout=4)
     status, _, body = _response(raw)
@@ -249,7 +251,7 @@ def test_connection_cap_full_of_slow_heads_still_serves_a_request(capped: Runnin
     try:
         for _ in range(CAP):
             sock = _connect(capped)
-            sock.sendall(b"GET /health HTTP/1.1\r\nHost: t\r\n")  # and never the rest
+            sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # and never the rest
             slow.append(sock)
             time.sleep(0.05)  # the first is the longest-waiting
         resp = httpx.get(capped.base_url + "/health", timeout=10, headers={"Connection": "close"})
@@ -274,7 +276,7 @@ def test_connection_cap_makes_room_with_an_answered_connection_first(capped: Run
         try:
             for _ in range(CAP - 1):
                 sock = _connect(capped)
-                sock.sendall(b"GET /health HTTP/1.1\r\nHost: t\r\n")
+                sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n")
                 slow.append(sock)
             resp = httpx.get(capped.base_url + "/health", timeout=10, headers={"Connection": "close"})
             assert resp.status_code == 200
