@@ -660,9 +660,10 @@ def _render_checked(encoding: Any, prompt: PromptRequest, vocab_size: int) -> Re
             param="input",
             code="invalid_prompt",
         ) from None
-    for token in rendered.token_ids:
-        if not 0 <= token < vocab_size:
-            raise EngineError(f"prompt token id {token} is outside the vocabulary")
+    ids = rendered.token_ids
+    if ids and (min(ids) < 0 or max(ids) >= vocab_size):  # two C loops, not a Python one
+        token = next(t for t in ids if not 0 <= t < vocab_size)
+        raise EngineError(f"prompt token id {token} is outside the vocabulary")
     return rendered
 
 

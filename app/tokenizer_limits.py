@@ -43,7 +43,7 @@ __all__ = ["MAX_RUN", "longest_run"]
 #: The longest run of one pre-token class a request may hold (characters).
 MAX_RUN = 4096
 #: Characters scanned by one ``re`` call (a few ms at most).
-_SLICE = 1 << 18
+_SLICE = 1 << 16
 
 #: Unicode White_Space, what Rust's ``\s`` matches (Python's ``\s`` also takes U+001C-U+001F,
 #: which Rust counts as "other" characters: that difference must not hide a run).

@@ -761,6 +761,9 @@ def render_messages(encoding: HarmonyEncoding, messages: Sequence[Message], head
         )
     )
     for message in messages[head:]:
+        if _text_length(message) > _RENDERED_MAX_KEY:  # not kept: do not even write its key
+            token_ids.extend(encoding.render(message))
+            continue
         token_ids.extend(_rendered((name, message.to_json()), functools.partial(encoding.render, message)))
     token_ids.extend(
         _rendered(
@@ -779,15 +782,19 @@ def forget_rendered() -> None:
         _RENDERED.clear()
 
 
+def _text_length(message: Message) -> int:
+    return sum(len(text) for part in message.content if isinstance(text := getattr(part, "text", None), str))
+
+
 def _rendered(key: tuple[str, str], render: Callable[[], Sequence[int]]) -> tuple[int, ...]:
     if len(key[1]) > _RENDERED_MAX_KEY:
-        return tuple(int(t) for t in render())
+        return tuple(map(int, render()))
     with _RENDERED_LOCK:
         found = _RENDERED.get(key)
         if found is not None:
             _RENDERED.move_to_end(key)
             return found
-    tokens = tuple(int(t) for t in render())
+    tokens = tuple(map(int, render()))
     with _RENDERED_LOCK:
         _RENDERED[key] = tokens
         _RENDERED.move_to_end(key)
