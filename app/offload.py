@@ -56,13 +56,15 @@ async def run(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
     global _in_flight, _normal_interval
     context = contextvars.copy_context()
     call = functools.partial(context.run, fn, *args, **kwargs)
-    if _in_flight == 0:
-        _normal_interval = sys.getswitchinterval()
-        sys.setswitchinterval(SWITCH_S)
-    _in_flight += 1
+    with _lock:  # several event loops may share the process (the tests run servers in threads)
+        if _in_flight == 0:
+            _normal_interval = sys.getswitchinterval()
+            sys.setswitchinterval(SWITCH_S)
+        _in_flight += 1
     try:
         return await asyncio.get_running_loop().run_in_executor(_pool(), call)
     finally:
-        _in_flight -= 1
-        if _in_flight == 0:
-            sys.setswitchinterval(_normal_interval)
+        with _lock:
+            _in_flight -= 1
+            if _in_flight == 0:
+                sys.setswitchinterval(_normal_interval)
