@@ -75,7 +75,7 @@ _ECHOED = (
 _BACKLOG_BUDGET = 16384
 _MIN_BACKLOG = 32
 #: Prompts with more characters of text than this are rendered off the event loop.
-_LARGE_PROMPT_CHARS = 256 * 1024
+_LARGE_PROMPT_CHARS = 64 * 1024
 #: Events read from the store per query when replaying a log.
 _PAGE = 256
 _TERMINAL_STATUSES = frozenset({"completed", "incomplete", "failed", "cancelled"})

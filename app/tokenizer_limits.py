@@ -35,7 +35,9 @@ from __future__ import annotations
 
 import functools
 import re
+import threading
 import unicodedata
+from collections import OrderedDict
 from collections.abc import Callable
 
 __all__ = ["MAX_RUN", "longest_run"]
@@ -101,11 +103,35 @@ def _find(pattern: re.Pattern[str], text: str, start: int = 0, end: int | None =
     return None
 
 
+#: Texts already scanned, with the answer: clients send the same long instructions every turn
+#: (Codex: 17,000 characters, 0.45 ms to scan, 10 µs to look up). Only texts up to
+#: ``_CACHED_MAX`` characters are kept, so the cache holds at most 8 Mi characters.
+_SCANNED: OrderedDict[str, int | None] = OrderedDict()
+_SCANNED_MAX = 128
+_CACHED_MAX = 64 * 1024
+_SCANNED_LOCK = threading.Lock()
+
+
 def longest_run(text: str) -> int | None:
     """The start of a run in ``text`` longer than :data:`MAX_RUN` characters that Harmony's
     tokenizer would take as one piece (or close to one), else None."""
     if len(text) <= MAX_RUN:
         return None
+    if len(text) > _CACHED_MAX:
+        return _scan(text)
+    with _SCANNED_LOCK:
+        if text in _SCANNED:
+            _SCANNED.move_to_end(text)
+            return _SCANNED[text]
+    found = _scan(text)
+    with _SCANNED_LOCK:
+        _SCANNED[text] = found
+        if len(_SCANNED) > _SCANNED_MAX:
+            _SCANNED.popitem(last=False)
+    return found
+
+
+def _scan(text: str) -> int | None:
     not_white, white, letters, others = _patterns()
     found = _find(white, text)
     if found is not None:

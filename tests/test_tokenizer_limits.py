@@ -35,6 +35,7 @@ def small_limit(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """A limit of 6 characters and slices of 5, so short texts exercise every path."""
     monkeypatch.setattr(tokenizer_limits, "MAX_RUN", SMALL)
     monkeypatch.setattr(tokenizer_limits, "_SLICE", 5)
+    monkeypatch.setattr(tokenizer_limits, "_SCANNED", tokenizer_limits.OrderedDict())
     tokenizer_limits._patterns.cache_clear()
     yield
     tokenizer_limits._patterns.cache_clear()
@@ -59,6 +60,11 @@ def test_no_run_found_means_no_long_piece(text: str) -> None:
 )
 def test_runs_over_the_limit_are_found(text: str) -> None:
     assert longest_run(text) is not None
+
+
+def test_a_text_scanned_before_gets_the_same_answer() -> None:
+    for text in ["abc def ghi", "x " + "a" * 9, "abc def ghi"]:
+        assert longest_run(text) == longest_run(text) == tokenizer_limits._scan(text)
 
 
 @pytest.mark.parametrize("text", ["a" * 6, "abcdef ghijkl mnopqr", "a.b.c.d.e.f.g.h", "1234567890123", "ab12cd34ef56"])
