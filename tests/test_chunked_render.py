@@ -59,3 +59,32 @@ def test_cuts_fall_only_where_o200k_always_cuts() -> None:
 def test_text_size_over_counts_nested_strings() -> None:
     value = {"a": ["xx", {"b": "yyy"}], "c": 5}
     assert text_size_over(value, 4) and not text_size_over(value, 5)
+
+
+def test_one_encoding_rendered_from_several_threads_at_once() -> None:
+    """The loop thread and the large-request threads share the encoding (Rust; its calls hold
+    the GIL, so they take turns): concurrent renders give each their own right answer."""
+    import threading
+
+    enc = _encoding()
+    texts = [("word " * 5000) + str(i) for i in range(6)]
+    expected = [list(enc.render(Message.from_role_and_content(Role.USER, t))) for t in texts]
+    errors: list[BaseException] = []
+
+    def work(offset: int) -> None:
+        try:
+            chunked = ChunkedEncoding(enc, slice_chars=512)
+            for round_ in range(4):
+                i = (offset + round_) % len(texts)
+                message = Message.from_role_and_content(Role.USER, texts[i])
+                assert chunked.render(message) == expected[i]
+                assert list(enc.render(message)) == expected[i]
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
