@@ -11,8 +11,10 @@ burst of large requests queues here and cannot take the threads other work needs
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import functools
+import os
 import sys
 import threading
 from collections.abc import Callable
@@ -23,6 +25,8 @@ __all__ = ["SWITCH_S", "WORKERS", "run"]
 
 #: Threads for large requests' CPU work.
 WORKERS = 2
+#: How much lower their CPU priority is than the event loop's (a nice increment).
+NICE = 10
 #: The thread switch interval while they work (seconds; Python's default is 0.005).
 SWITCH_S = 0.0005
 
@@ -37,12 +41,21 @@ def _pool() -> ThreadPoolExecutor:
     global _executor
     with _lock:
         if _executor is None:  # made on first use, never at import
-            _executor = ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="large-request")
+            _executor = ThreadPoolExecutor(
+                max_workers=WORKERS, thread_name_prefix="large-request", initializer=_lower_priority
+            )
         return _executor
 
 
 _in_flight = 0
 _normal_interval = sys.getswitchinterval()
+
+
+def _lower_priority() -> None:
+    """Linux gives each thread its own nice value: the large-request threads take CPU the event
+    loop does not want (on a busy machine the loop thread was otherwise starved of CPU)."""
+    with contextlib.suppress(AttributeError, OSError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), NICE)
 
 
 async def run(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:

@@ -661,9 +661,11 @@ def _render_checked(encoding: Any, prompt: PromptRequest, vocab_size: int) -> Re
             code="invalid_prompt",
         ) from None
     ids = rendered.token_ids
-    if ids and (min(ids) < 0 or max(ids) >= vocab_size):  # two C loops, not a Python one
-        token = next(t for t in ids if not 0 <= t < vocab_size)
-        raise EngineError(f"prompt token id {token} is outside the vocabulary")
+    for start in range(0, len(ids), 1 << 16):  # C loops, in slices: each holds the GIL briefly
+        piece = ids[start : start + (1 << 16)]
+        if min(piece) < 0 or max(piece) >= vocab_size:
+            token = next(t for t in piece if not 0 <= t < vocab_size)
+            raise EngineError(f"prompt token id {token} is outside the vocabulary")
     return rendered
 
 
