@@ -159,20 +159,28 @@ _PASS_THROUGH = (asyncio.CancelledError, KeyboardInterrupt, SystemExit, Generato
 
 def guard(endpoint: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
     """``endpoint`` with everything it raises, but cancellation and exit, raised as the
-    :class:`APIError` that answers it (an unexpected one logged here, with its traceback)."""
+    :class:`APIError` that answers it (an unexpected one logged here, with its traceback);
+    exceptions that have a handler of their own in ``create_app`` are left to it."""
 
     @functools.wraps(endpoint)
     async def guarded(request: Request) -> Response:
         try:
             return await endpoint(request)
-        except APIError:
-            raise
         except _PASS_THROUGH:
             raise
         except Exception as exc:
+            if _has_handler(request, exc):
+                raise  # answered by its own handler (registered in app.main), as before
             raise to_api_error(exc) from exc
         except BaseException as exc:
             name = f"{type(exc).__module__}.{type(exc).__qualname__}"
             raise to_api_error(InternalError(f"{name}: {exc}")) from exc
 
     return guarded
+
+
+def _has_handler(request: Request, exc: Exception) -> bool:
+    """Whether ``ExceptionMiddleware`` has a handler for ``exc`` (the ``Exception`` one
+    belongs to ``ServerErrorMiddleware``, which re-raises, so it does not count)."""
+    handlers, _ = request.scope.get("starlette.exception_handlers", ({}, {}))
+    return any(cls in handlers for cls in type(exc).__mro__ if cls is not Exception)
