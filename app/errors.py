@@ -3,21 +3,42 @@
 Every error a client sees is ``{"error": {"message", "type", "param", "code"}}`` with the status
 OpenAI uses: 400 for a bad request, 404 for an unknown response or model, 409 for a conflicting
 state, 413 for an oversized body, 500/503 for our own failures. Nothing escapes as a bare 500.
+
+Every route is wrapped in :func:`guard`, which turns whatever it raises into an
+:class:`APIError`, answered by Starlette's ``ExceptionMiddleware``. An exception no handler is
+registered for went on to ``ServerErrorMiddleware``, which answers and then re-raises; uvicorn
+then dropped the keep-alive connection without ``Connection: close``, and the client's next
+request on it failed. Exceptions that do not derive from ``Exception`` (a Rust panic in
+openai-harmony is pyo3's ``PanicException``, a ``BaseException``) passed every handler and
+uvicorn answered them in text/plain. Now an unexpected error is logged once, with its traceback,
+and answered as an OpenAI-shaped 500 on a connection that stays usable.
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
+from collections.abc import Awaitable, Callable, Sequence
 
 from pydantic import ValidationError
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 
 from app.engines.protocol import EngineError, PromptTooLong
 from domain.errors import InvalidInput
 from persistence.errors import ConcurrencyError, NotFound, StoreUnavailable
 
-__all__ = ["RETRY_AFTER_S", "APIError", "error_body", "handle_exception", "not_found", "validation_error"]
+__all__ = [
+    "RETRY_AFTER_S",
+    "APIError",
+    "error_body",
+    "guard",
+    "handle_exception",
+    "not_found",
+    "param_text",
+    "validation_error",
+]
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +71,34 @@ def not_found(what: str, ident: str, *, param: str | None = None, code: str | No
 
 
 def error_body(message: str, type: str, param: str | None, code: str | None) -> dict[str, object]:
-    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+    return {"error": {"message": _encodable(message), "type": type, "param": _encodable(param), "code": code}}
+
+
+def _encodable(text: str | None) -> str | None:
+    """``text`` as UTF-8 can carry it: a lone surrogate (from a client's text echoed in a
+    message) is written as its escape instead of failing the answer's encoding."""
+    if text is None:
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
+
+
+def param_text(path: Sequence[str | int]) -> str:
+    """A JSON path as ``param`` names it: ``tools[3].parameters.properties.x``. Keys that are
+    not printable are escaped and long ones clipped, so the answer stays readable and encodable."""
+    out = ""
+    for part in path:
+        if isinstance(part, int):
+            out += f"[{part}]"
+            continue
+        name = part if part.isprintable() else ascii(part)[1:-1]
+        if len(name) > 64:
+            name = name[:61] + "..."
+        out += f".{name}" if out else name
+    return out
 
 
 def _loc_to_param(loc: tuple[object, ...]) -> str:
@@ -116,3 +164,40 @@ async def handle_exception(request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse(
         error_body(err.message, err.type, err.param, err.code), status_code=err.status, headers=err.headers
     )
+
+
+class InternalError(Exception):
+    """A ``BaseException`` that is not an ``Exception`` (a Rust panic) raised in a route."""
+
+
+#: Never turned into an answer: they stop the request (a cancelled task, a stopping process).
+_PASS_THROUGH = (asyncio.CancelledError, KeyboardInterrupt, SystemExit, GeneratorExit)
+
+
+def guard(endpoint: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
+    """``endpoint`` with everything it raises, but cancellation and exit, raised as the
+    :class:`APIError` that answers it (an unexpected one logged here, with its traceback);
+    exceptions that have a handler of their own in ``create_app`` are left to it."""
+
+    @functools.wraps(endpoint)
+    async def guarded(request: Request) -> Response:
+        try:
+            return await endpoint(request)
+        except _PASS_THROUGH:
+            raise
+        except Exception as exc:
+            if _has_handler(request, exc):
+                raise  # answered by its own handler (registered in app.main), as before
+            raise to_api_error(exc) from exc
+        except BaseException as exc:
+            name = f"{type(exc).__module__}.{type(exc).__qualname__}"
+            raise to_api_error(InternalError(f"{name}: {exc}")) from exc
+
+    return guarded
+
+
+def _has_handler(request: Request, exc: Exception) -> bool:
+    """Whether ``ExceptionMiddleware`` has a handler for ``exc`` (the ``Exception`` one
+    belongs to ``ServerErrorMiddleware``, which re-raises, so it does not count)."""
+    handlers, _ = request.scope.get("starlette.exception_handlers", ({}, {}))
+    return any(cls in handlers for cls in type(exc).__mro__ if cls is not Exception)

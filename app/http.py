@@ -7,8 +7,8 @@ sse-starlette passes ``bytes`` through untouched and adds keep-alive comments on
 
 from __future__ import annotations
 
-import json
 import logging
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -18,7 +18,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from app import transport
-from app.errors import APIError
+from app.body import json_body
+from app.errors import APIError, guard, not_found
 from app.limits import take_stream
 from app.live import Run
 from app.ownership import caller_of, scoped
@@ -36,38 +37,19 @@ def _service(request: Request) -> ResponseService:
     return service
 
 
-async def _json_body(request: Request) -> dict[str, Any]:
-    limit = _service(request).settings.max_body_bytes
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise APIError(413, f"The request body is larger than {limit} bytes.", code="request_too_large")
-    raw = b""
-    async for chunk in request.stream():
-        raw += chunk
-        if len(raw) > limit:
-            raise APIError(413, f"The request body is larger than {limit} bytes.", code="request_too_large")
-    try:
-        body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise APIError(400, f"We could not parse the JSON body of your request: {exc}", code="invalid_json") from None
-    if b"\\u0000" in raw and _has_nul(body):  # the cheap test first; it can over-match
-        raise APIError(
-            400, "The request contains a NUL character (\\u0000), which cannot be stored.",
-            code="invalid_value",
-        )
-    if not isinstance(body, dict):
-        raise APIError(400, "The request body must be a JSON object.", code="invalid_json")
-    return body
+#: Longer path ids cannot exist (ours are 53 characters); such an id is a 404 without asking the
+#: store (PostgreSQL refuses a NUL in a string outright: that was a 500).
+_MAX_ID = 256
 
 
-def _has_nul(value: Any) -> bool:
-    if isinstance(value, str):
-        return "\x00" in value
-    if isinstance(value, dict):
-        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
-    if isinstance(value, list):
-        return any(_has_nul(v) for v in value)
-    return False
+def _response_id(request: Request) -> str:
+    """The ``{response_id}`` of the path; one that cannot exist (not printable: a NUL, a control
+    character; or longer than 256 characters) is answered 404 exactly like an unknown one."""
+    ident: str = request.path_params["response_id"]
+    if len(ident) > _MAX_ID or not ident.isprintable():
+        shown = ascii(ident)[1:-1]
+        raise not_found("Response", shown if len(shown) <= _MAX_ID else shown[:_MAX_ID] + "...")
+    return ident
 
 
 class _EventStream(EventSourceResponse):
@@ -103,7 +85,7 @@ def _sse(frames: AsyncIterator[bytes], *, live: bool = False) -> EventSourceResp
 
 async def create_response(request: Request) -> Response:
     service = _service(request)
-    body = await _json_body(request)
+    body = await json_body(request, service.settings.max_body_bytes)
     create = CreateResponse.model_validate(body)  # ValidationError -> 400 in app.errors
     if create.stream:
         take_stream(request)  # 429 when the key has all its streams open
@@ -144,24 +126,55 @@ async def _live_stream(service: ResponseService, run: Run) -> AsyncIterator[byte
             await service.abort_unread(run)
 
 
+_INTEGER = re.compile(r"-?[0-9]{1,20}")
+
+
 def _int_param(request: Request, name: str, default: int | None, lo: int, hi: int) -> int | None:
     raw = request.query_params.get(name)
     if raw is None or raw == "":
         return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise APIError(400, f"Invalid value for '{name}': expected an integer.", param=name, code="invalid_value") from None
+    if _INTEGER.fullmatch(raw) is None:  # int() also takes " 5", "1_0" and other scripts' digits
+        raise APIError(400, f"Invalid value for '{name}': expected an integer.", param=name, code="invalid_value")
+    value = int(raw)
     if not lo <= value <= hi:
         raise APIError(400, f"Invalid value for '{name}': must be between {lo} and {hi}.", param=name, code="invalid_value")
     return value
 
 
+def _bool_param(request: Request, name: str) -> bool:
+    raw = request.query_params.get(name, "").lower()
+    if raw in ("true", "1"):
+        return True
+    if raw in ("", "false", "0"):
+        return False
+    raise APIError(400, f"Invalid value for '{name}': expected 'true' or 'false'.", param=name, code="invalid_value")
+
+
+def _no_include(request: Request) -> None:
+    """``include`` is honoured when a response is created; a read returns what was stored, so
+    asking a read for more is refused rather than ignored."""
+    for name in ("include", "include[]"):
+        if name in request.query_params:
+            raise APIError(
+                400,
+                f"'{name}' is not supported when reading a response: pass include when creating "
+                "it (POST /v1/responses); a read returns the response as it was stored.",
+                param="include",
+                code="invalid_value",
+            )
+
+
 async def get_response(request: Request) -> Response:
     service = _service(request)
-    response_id = request.path_params["response_id"]
-    if request.query_params.get("stream", "").lower() in ("true", "1"):
-        after = _int_param(request, "starting_after", -1, -1, 2**62)
+    response_id = _response_id(request)
+    _no_include(request)
+    stream = _bool_param(request, "stream")
+    after = _int_param(request, "starting_after", -1, -1, 2**62)
+    if not stream and request.query_params.get("starting_after"):
+        raise APIError(
+            400, "'starting_after' is only used with stream=true.", param="starting_after", code="invalid_value"
+        )
+    if stream:
         if await service.store.get(response_id) is None:
             raise APIError(404, f"Response with id '{response_id}' not found.")
         take_stream(request)
@@ -170,11 +183,11 @@ async def get_response(request: Request) -> Response:
 
 
 async def delete_response(request: Request) -> Response:
-    return JSONResponse(await _service(request).delete(request.path_params["response_id"]))
+    return JSONResponse(await _service(request).delete(_response_id(request)))
 
 
 async def cancel_response(request: Request) -> Response:
-    return JSONResponse(await _service(request).cancel(request.path_params["response_id"]))
+    return JSONResponse(await _service(request).cancel(_response_id(request)))
 
 
 async def list_input_items(request: Request) -> Response:
@@ -182,10 +195,17 @@ async def list_input_items(request: Request) -> Response:
     if order not in ("asc", "desc"):
         raise APIError(400, "Invalid value for 'order': expected 'asc' or 'desc'.", param="order", code="invalid_value")
     limit = _int_param(request, "limit", 20, 1, 100)
+    response_id = _response_id(request)
+    _no_include(request)
+    after = request.query_params.get("after") or None
+    if after is not None and "\x00" in after:  # no stored item id holds one (bodies cannot)
+        if await _service(request).store.get(response_id) is None:
+            raise not_found("Response", response_id)
+        raise APIError(404, f"no input item {after!r} in response {response_id!r}")
     return JSONResponse(
         await _service(request).input_items(
-            request.path_params["response_id"],
-            after=request.query_params.get("after") or None,
+            response_id,
+            after=after,
             limit=limit or 20,
             order=order,
         )
@@ -193,7 +213,7 @@ async def list_input_items(request: Request) -> Response:
 
 
 async def list_events(request: Request) -> Response:
-    return JSONResponse(await _service(request).events(request.path_params["response_id"]))
+    return JSONResponse(await _service(request).events(_response_id(request)))
 
 
 async def list_models(request: Request) -> Response:
@@ -228,13 +248,14 @@ async def health(request: Request) -> Response:
 
 
 routes = [
-    Route("/v1/responses", create_response, methods=["POST"]),
-    # scoped: another project's response is 404, exactly like a missing one (app.ownership)
-    Route("/v1/responses/{response_id}", scoped(get_response), methods=["GET"]),
-    Route("/v1/responses/{response_id}", scoped(delete_response), methods=["DELETE"]),
-    Route("/v1/responses/{response_id}/cancel", scoped(cancel_response), methods=["POST"]),
-    Route("/v1/responses/{response_id}/input_items", scoped(list_input_items), methods=["GET"]),
-    Route("/v1/responses/{response_id}/events", scoped(list_events, audit=True), methods=["GET"]),
-    Route("/v1/models", list_models, methods=["GET"]),
-    Route("/health", health, methods=["GET"]),
+    Route("/v1/responses", guard(create_response), methods=["POST"]),
+    # scoped: another project's response is 404, exactly like a missing one (app.ownership);
+    # guard: whatever a route raises is an OpenAI-shaped answer (app.errors)
+    Route("/v1/responses/{response_id}", guard(scoped(get_response)), methods=["GET"]),
+    Route("/v1/responses/{response_id}", guard(scoped(delete_response)), methods=["DELETE"]),
+    Route("/v1/responses/{response_id}/cancel", guard(scoped(cancel_response)), methods=["POST"]),
+    Route("/v1/responses/{response_id}/input_items", guard(scoped(list_input_items)), methods=["GET"]),
+    Route("/v1/responses/{response_id}/events", guard(scoped(list_events, audit=True)), methods=["GET"]),
+    Route("/v1/models", guard(list_models), methods=["GET"]),
+    Route("/health", guard(health), methods=["GET"]),
 ]

@@ -26,6 +26,8 @@ from typing import Any
 
 from openai_harmony import HarmonyEncoding
 
+from app import offload
+from app.chunked_render import ChunkedEncoding, is_panic, text_size_over
 from app.engines.protocol import Engine, EngineError, PromptTooLong, Sampling
 from app.errors import APIError, not_found
 from app.leases import new_replica
@@ -74,6 +76,8 @@ _ECHOED = (
 #: stream is never throttled, many streams share a bounded buffer.
 _BACKLOG_BUDGET = 16384
 _MIN_BACKLOG = 32
+#: Prompts with more characters of text than this are rendered off the event loop.
+_LARGE_PROMPT_CHARS = 64 * 1024
 #: Events read from the store per query when replaying a log.
 _PAGE = 256
 _TERMINAL_STATUSES = frozenset({"completed", "incomplete", "failed", "cancelled"})
@@ -192,7 +196,7 @@ class ResponseService:
         if request.previous_response_id:
             history = await self._history(request.previous_response_id, project)
         input_items = normalize_input(request.input)
-        rendered = self._render(request, history, input_items)
+        rendered = await self._render(request, history, input_items)
         prompt_ids = rendered.token_ids
         sampling = self._sampling(request, rendered, len(prompt_ids))
 
@@ -280,9 +284,13 @@ class ResponseService:
             items.extend(output_as_input(item) for item in output)
         return items
 
-    def _render(
+    async def _render(
         self, request: CreateResponse, history: list[dict[str, Any]], input_items: list[dict[str, Any]]
     ) -> RenderedPrompt:
+        """The prompt, with every token id checked against the engine's vocabulary. A large one
+        (over ``_LARGE_PROMPT_CHARS`` of text) is rendered in a worker thread, its long texts in
+        short Harmony calls (:mod:`app.chunked_render`): Harmony holds the GIL while it works, so
+        an 8 MB message rendered in one call stalled every stream for 0.6 s."""
         effort = (request.reasoning.effort if request.reasoning else None) or self.settings.default_reasoning_effort
         # item_reference: an item of the previous_response_id chain or of this request's input
         known = {
@@ -301,12 +309,12 @@ class ResponseService:
             decrypt=self.cipher.decrypt,
             resolve_reference=known.get,
         )
-        return render_prompt(self.encoding, prompt)
+        vocab_size = self.engine.vocab_size
+        if text_size_over((request.instructions, request.tools, history, input_items), _LARGE_PROMPT_CHARS):
+            return await offload.run(_render_checked, ChunkedEncoding(self.encoding), prompt, vocab_size)
+        return _render_checked(self.encoding, prompt, vocab_size)
 
     def _sampling(self, request: CreateResponse, rendered: RenderedPrompt, prompt_len: int) -> Sampling:
-        for token in rendered.token_ids:
-            if not 0 <= token < self.engine.vocab_size:
-                raise EngineError(f"prompt token id {token} is outside the vocabulary")
         limit = self.engine.max_model_len
         max_tokens = request.max_output_tokens
         if limit is not None and (
@@ -717,6 +725,31 @@ class ResponseService:
             await asyncio.wait(tasks, timeout=10)
         with contextlib.suppress(StoreError):  # gone cleanly: nothing of ours to sweep
             await self.store.release(self.replica.id)
+
+
+def _render_checked(encoding: Any, prompt: PromptRequest, vocab_size: int) -> RenderedPrompt:
+    """``render_prompt``, with a panic inside openai-harmony (pyo3's ``PanicException``, a
+    ``BaseException``) answered as a 400 about the input rather than escaping every handler,
+    and every token id checked against the engine's vocabulary."""
+    try:
+        rendered = render_prompt(encoding, prompt)
+    except BaseException as exc:
+        if not is_panic(exc):
+            raise
+        log.warning("openai-harmony panicked rendering a prompt: %s", exc)
+        raise APIError(
+            400,
+            f"The input could not be tokenized: the tokenizer failed on it ({exc}).",
+            param="input",
+            code="invalid_prompt",
+        ) from None
+    ids = rendered.token_ids
+    for start in range(0, len(ids), 1 << 16):  # C loops, in slices: each holds the GIL briefly
+        piece = ids[start : start + (1 << 16)]
+        if min(piece) < 0 or max(piece) >= vocab_size:
+            token = next(t for t in piece if not 0 <= t < vocab_size)
+            raise EngineError(f"prompt token id {token} is outside the vocabulary")
+    return rendered
 
 
 def _retrieve(future: asyncio.Future[None]) -> None:

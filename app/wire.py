@@ -50,7 +50,7 @@ class CreateResponse(BaseModel):
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     max_tool_calls: int | None = Field(default=None, ge=1)
     stream_options: dict[str, Any] | None = None
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1)  # a 64-bit seed
 
     @field_validator("metadata")
     @classmethod

@@ -122,7 +122,7 @@ async def _measure(url: str, others: int) -> dict[str, float]:
 
         async def chain() -> None:
             history = await service._history(tip)
-            service._render(request, history, [])
+            await service._render(request, history, [])
 
         async def chain_cold() -> None:  # no message rendered before (a restarted server)
             forget_rendered()

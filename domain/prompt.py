@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import functools
 import json
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -736,8 +737,14 @@ def render_prompt(encoding: HarmonyEncoding, request: PromptRequest) -> Rendered
 #: story." 81 µs alone; an 8-message conversation 0.88 ms), so without this each turn of a
 #: conversation paid again for its whole history. The key is the whole message, so a hit is the
 #: same message and renders to the same tokens.
+#: It is used from the event loop and from the worker threads that render large requests, so
+#: every look-up and insertion holds :data:`_RENDERED_LOCK` (rendering itself does not). A
+#: message whose JSON is longer than :data:`_RENDERED_MAX_KEY` is rendered each time and not
+#: kept: 8,192 such entries (a key and a tuple of token ids each) would not fit in memory.
 _RENDERED: OrderedDict[tuple[str, str], tuple[int, ...]] = OrderedDict()
 _RENDERED_MAX = 8192
+_RENDERED_MAX_KEY = 64 * 1024
+_RENDERED_LOCK = threading.Lock()
 _RENDER_CONFIG = RenderConversationConfig(auto_drop_analysis=False)
 
 
@@ -758,6 +765,9 @@ def render_messages(encoding: HarmonyEncoding, messages: Sequence[Message], head
         )
     )
     for message in messages[head:]:
+        if _text_length(message) > _RENDERED_MAX_KEY:  # not kept: do not even write its key
+            token_ids.extend(encoding.render(message))
+            continue
         token_ids.extend(_rendered((name, message.to_json()), functools.partial(encoding.render, message)))
     token_ids.extend(
         _rendered(
@@ -772,18 +782,28 @@ def render_messages(encoding: HarmonyEncoding, messages: Sequence[Message], head
 
 def forget_rendered() -> None:
     """Empty the cache of rendered messages (benchmarks time the cold path with it)."""
-    _RENDERED.clear()
+    with _RENDERED_LOCK:
+        _RENDERED.clear()
+
+
+def _text_length(message: Message) -> int:
+    return sum(len(text) for part in message.content if isinstance(text := getattr(part, "text", None), str))
 
 
 def _rendered(key: tuple[str, str], render: Callable[[], Sequence[int]]) -> tuple[int, ...]:
-    found = _RENDERED.get(key)
-    if found is not None:
+    if len(key[1]) > _RENDERED_MAX_KEY:
+        return tuple(map(int, render()))
+    with _RENDERED_LOCK:
+        found = _RENDERED.get(key)
+        if found is not None:
+            _RENDERED.move_to_end(key)
+            return found
+    tokens = tuple(map(int, render()))
+    with _RENDERED_LOCK:
+        _RENDERED[key] = tokens
         _RENDERED.move_to_end(key)
-        return found
-    tokens = tuple(int(t) for t in render())
-    _RENDERED[key] = tokens
-    if len(_RENDERED) > _RENDERED_MAX:
-        _RENDERED.popitem(last=False)
+        if len(_RENDERED) > _RENDERED_MAX:
+            _RENDERED.popitem(last=False)
     return tokens
 
 
