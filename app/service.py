@@ -476,7 +476,9 @@ class ResponseService:
         except asyncio.CancelledError:
             await self.engine.abort(run.engine_request_id)
             raise
-        except Exception as exc:
+        except BaseException as exc:  # a Rust panic (openai-harmony) is not an Exception
+            if isinstance(exc, KeyboardInterrupt | SystemExit):
+                raise
             if isinstance(exc, StoreUnavailable):
                 log.error("response %s: stopped, the database is unavailable (%s)", run.id, exc.reason)
             else:

@@ -161,3 +161,37 @@ async def test_an_outage_ends_the_stream_with_an_error_and_the_log_is_closed_aft
         engine.add_turns({"completion": harmony(("final", "back"))})
         again = await client.post("/v1/responses", json={"model": MODEL, "input": "hi"})
         assert again.status_code == 200 and again.json()["status"] == "completed"
+
+
+class PanicException(BaseException):
+    """Stands in for pyo3's ``PanicException`` (a BaseException, not importable by name)."""
+
+
+async def test_a_run_that_dies_of_a_panic_is_closed_and_its_stream_ends_with_an_error(
+    outage_server: tuple[RunningServer, Path, ScriptedEngine], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Rust panic inside the Harmony decoder escapes ``except Exception``: the run must still
+    end its streams with an ``error`` event and its log with ``response.failed``."""
+    from domain.decoder import HarmonyDecoder
+
+    server, _, engine = outage_server
+    engine.add_turns({"completion": harmony(("final", TEXT)), "token_delay_ms": 2})
+    feed = HarmonyDecoder.feed
+    fed: list[int] = []
+
+    def panic(self: HarmonyDecoder, token_ids: Any) -> None:
+        fed.append(1)
+        if len(fed) > 20:
+            raise PanicException("called `Option::unwrap()` on a `None` value")
+        feed(self, token_ids)
+
+    monkeypatch.setattr(HarmonyDecoder, "feed", panic)
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as client:
+        answer = await client.post("/v1/responses", json={"model": MODEL, "input": "x", "stream": True})
+        frames = _frames(answer.text)
+        assert frames, (answer.status_code, answer.text)
+        assert frames[-1][0] == "error" and frames[-1][1]["code"] == "server_error"
+        response_id = frames[0][1]["response"]["id"]
+        async with asyncio.timeout(10):
+            while (await client.get(f"/v1/responses/{response_id}")).json()["status"] != "failed":
+                await asyncio.sleep(0.05)
