@@ -31,6 +31,7 @@ __all__ = [
     "LogWriter",
     "Run",
     "Subscription",
+    "SubscriptionOverflow",
     "error_frame",
     "stored_event",
     "stored_frames",
@@ -44,30 +45,54 @@ class Batch:
     ``first_seq + i``. (A plain slots class: one is made per commit per response, per token
     when an engine paces its tokens, and a frozen dataclass's ``__init__`` costs twice as much.)"""
 
-    __slots__ = ("first_seq", "frames", "terminal")
+    __slots__ = ("first_seq", "frames", "nbytes", "terminal")
 
     def __init__(self, first_seq: int, frames: Sequence[bytes], terminal: bool) -> None:
         self.first_seq = first_seq
         self.frames = frames
         self.terminal = terminal
+        self.nbytes = sum(map(len, frames))
 
     @property
     def last_seq(self) -> int:
         return self.first_seq + len(self.frames) - 1
 
 
+class SubscriptionOverflow(Exception):
+    """A bounded subscription's reader fell more than its limit behind; what it held is gone
+    (a store=true reader re-reads it from the log)."""
+
+
 class Subscription:
     """One reader's queue of published batches: what ``asyncio.Queue`` does here (put without
-    waiting, get or wait, empty), without its size bookkeeping or a future per ``get``."""
+    waiting, get or wait, empty), without its size bookkeeping or a future per ``get``.
 
-    __slots__ = ("_batches", "_waiter")
+    With ``limit_bytes``, a reader that falls behind (its client stopped reading, so its sends
+    wait) cannot make the queue grow past that: once it would, the queue drops what it holds,
+    and ``get`` raises ``SubscriptionOverflow``."""
 
-    def __init__(self) -> None:
+    __slots__ = ("_batches", "_bytes", "_limit", "_waiter", "overflowed")
+
+    def __init__(self, limit_bytes: int | None = None) -> None:
         self._batches: collections.deque[Batch] = collections.deque()
         self._waiter: asyncio.Future[None] | None = None
+        self._limit = limit_bytes
+        self._bytes = 0
+        self.overflowed = False
 
     def put_nowait(self, batch: Batch) -> None:
-        self._batches.append(batch)
+        if self._limit is not None:
+            if self.overflowed:
+                return
+            self._bytes += batch.nbytes
+            if self._bytes > self._limit:
+                self._batches.clear()
+                self._bytes = 0
+                self.overflowed = True
+            else:
+                self._batches.append(batch)
+        else:
+            self._batches.append(batch)
         waiter = self._waiter
         if waiter is not None:
             self._waiter = None
@@ -75,10 +100,12 @@ class Subscription:
                 waiter.set_result(None)
 
     def empty(self) -> bool:
-        return not self._batches
+        return not self._batches and not self.overflowed
 
     async def get(self) -> Batch:
         while not self._batches:
+            if self.overflowed:
+                raise SubscriptionOverflow
             waiter = asyncio.get_running_loop().create_future()
             self._waiter = waiter
             try:
@@ -86,7 +113,10 @@ class Subscription:
             finally:
                 if self._waiter is waiter:
                     self._waiter = None
-        return self._batches.popleft()
+        batch = self._batches.popleft()
+        if self._limit is not None:
+            self._bytes -= batch.nbytes
+        return batch
 
 
 @dataclass(eq=False)
@@ -113,8 +143,8 @@ class Run:
     #: Some of its events were durable and published.
     published: bool = False
 
-    def subscribe(self) -> Subscription:
-        queue = Subscription()
+    def subscribe(self, limit_bytes: int | None = None) -> Subscription:
+        queue = Subscription(limit_bytes)
         self.subscribers.add(queue)
         return queue
 

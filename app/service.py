@@ -31,7 +31,16 @@ from app.chunked_render import ChunkedEncoding, is_panic, text_size_over
 from app.engines.protocol import Engine, EngineError, PromptTooLong, Sampling
 from app.errors import APIError, not_found
 from app.leases import new_replica
-from app.live import Backlog, Batch, LogWriter, Run, Subscription, error_frame, stored_frames
+from app.live import (
+    Backlog,
+    Batch,
+    LogWriter,
+    Run,
+    Subscription,
+    SubscriptionOverflow,
+    error_frame,
+    stored_frames,
+)
 from app.reasoning_crypto import ReasoningCipher
 from app.repair import STORE_UNAVAILABLE, Repairs, store_unavailable_error
 from app.settings import Settings
@@ -560,9 +569,13 @@ class ResponseService:
         one, the database stayed unreachable), with an ``error`` event: never a silent end.
         """
         read_store = queue is None
+        # A reader of the stored log may fall behind the live run (its client reads slowly):
+        # its queue is bounded, and past the bound it reads from the log again (every published
+        # batch is in the log), instead of holding the run's output in memory.
+        limit = self.settings.send_buffer_bytes
         if queue is None:
             run = self._live.get(response_id)
-            queue = run.subscribe() if run is not None else None
+            queue = run.subscribe(limit if run.store else None) if run is not None else None
         sent = after
         try:
             if read_store:
@@ -580,22 +593,35 @@ class ResponseService:
                     row = await self.store.get(response_id)
                     if row is None or row.status in _TERMINAL_STATUSES:
                         return  # nothing after ``after``, and nothing more will come
-            if queue is not None:
+            while queue is not None:
                 assert run is not None
-                while True:
-                    if run.finished.is_set() and queue.empty():
-                        yield self._run_error_frame(run, sent)
-                        return
+                if run.finished.is_set() and queue.empty():
+                    yield self._run_error_frame(run, sent)
+                    return
+                try:
                     batch: Batch = await queue.get()
-                    frames = batch.frames
-                    skip = sent + 1 - batch.first_seq  # > 0 only for what the store read gave
-                    if skip < len(frames):
-                        sent = batch.last_seq
-                        yield b"".join(frames[skip:] if skip > 0 else frames)
-                    if batch.terminal:
-                        if not frames:  # the run stopped without a terminal event
-                            yield self._run_error_frame(run, sent)
-                        return
+                except SubscriptionOverflow:  # fell behind: catch up from the log, then go on
+                    run.unsubscribe(queue)
+                    queue = run.subscribe(limit)
+                    while True:
+                        events = await self._load(response_id, sent, _PAGE)
+                        if events:
+                            sent = events[-1].seq
+                            yield stored_frames(events)
+                            if events[-1].type in TERMINAL_TYPES:
+                                return
+                        if len(events) < _PAGE:
+                            break
+                    continue
+                frames = batch.frames
+                skip = sent + 1 - batch.first_seq  # > 0 only for what the store read gave
+                if skip < len(frames):
+                    sent = batch.last_seq
+                    yield b"".join(frames[skip:] if skip > 0 else frames)
+                if batch.terminal:
+                    if not frames:  # the run stopped without a terminal event
+                        yield self._run_error_frame(run, sent)
+                    return
             while True:  # written by another process, or to be closed by the repair loop
                 await asyncio.sleep(0.1)
                 events = await self._load(response_id, sent, None)

@@ -139,3 +139,24 @@ def test_a_stored_event_carries_the_payload_its_text_says() -> None:
         assert record.payload_json is not None
         assert json.loads(record.payload_json) == json.loads(json.dumps(payload(event))), event.type
         assert record.payload == json.loads(record.payload_json), event.type
+
+
+async def test_a_bounded_subscription_drops_what_it_holds_past_its_limit() -> None:
+    """A reader whose client stopped reading cannot make its queue grow past the limit: the
+    queue empties and the reader is told, so it can catch up from the log instead."""
+    from app.live import Batch, SubscriptionOverflow
+
+    queue = Subscription(limit_bytes=100)
+    queue.put_nowait(Batch(0, (b"x" * 60,), False))
+    assert (await queue.get()).first_seq == 0  # read in time: its bytes no longer count
+    queue.put_nowait(Batch(1, (b"x" * 60,), False))
+    assert not queue.overflowed
+    queue.put_nowait(Batch(2, (b"x" * 60,), False))  # 120 queued > 100
+    assert queue.overflowed and not queue.empty()
+    queue.put_nowait(Batch(3, (b"x",), False))  # ignored once overflowed
+    with pytest.raises(SubscriptionOverflow):
+        await queue.get()
+    unbounded = Subscription()
+    for seq in range(5):
+        unbounded.put_nowait(Batch(seq, (b"x" * 60,), False))
+    assert [(await unbounded.get()).first_seq for _ in range(5)] == [0, 1, 2, 3, 4]

@@ -26,7 +26,7 @@ import pytest
 from app.encoding import load_encoding
 from app.engines.scripted import ScriptedEngine
 from app.settings import Settings
-from tests.e2e.conftest import harmony
+from tests.e2e.conftest import harmony, sse_events
 from tests.support.server import RunningServer, serve
 
 MODEL = "gpt-oss-outage"
@@ -195,3 +195,60 @@ async def test_a_run_that_dies_of_a_panic_is_closed_and_its_stream_ends_with_an_
         async with asyncio.timeout(10):
             while (await client.get(f"/v1/responses/{response_id}")).json()["status"] != "failed":
                 await asyncio.sleep(0.05)
+
+
+def test_a_slow_resumer_catches_up_from_the_log_instead_of_piling_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reader resuming a live response reads slower than it is generated: its queue is
+    bounded by ``send_buffer_bytes``; past that it re-reads from the log, so it still gets
+    every event once, in order, to the terminal event."""
+    import socket
+
+    from app.live import Run
+
+    subscribed: list[int | None] = []
+    subscribe = Run.subscribe
+
+    def spy(self: Run, limit_bytes: int | None = None) -> Any:
+        subscribed.append(limit_bytes)
+        return subscribe(self, limit_bytes)
+
+    monkeypatch.setattr(Run, "subscribe", spy)
+    engine = ScriptedEngine(load_encoding(), [MODEL], {"turns": []})
+    engine.add_turns({"completion": harmony(("final", TEXT)), "token_delay_ms": 1})
+    settings = Settings(
+        engine="scripted",
+        database_url=f"sqlite+aiosqlite:///{tmp_path / 'slow.db'}",
+        served_model_names=(MODEL,),
+        send_buffer_bytes=4096,
+    )
+    with serve(settings, engine=engine) as server:
+        made = httpx.post(server.base_url + "/v1/responses",
+                          json={"model": MODEL, "input": "go", "background": True}, timeout=30)
+        response_id = made.json()["id"]
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.settimeout(30)
+        sock.connect(("127.0.0.1", int(server.base_url.rsplit(":", 1)[1])))
+        with sock:
+            sock.sendall(f"GET /v1/responses/{response_id}?stream=true&starting_after=0 HTTP/1.1\r\n"
+                         "Host: 127.0.0.1\r\n\r\n".encode())
+            raw = b""
+            while not raw.endswith(b"\r\n0\r\n\r\n"):  # to the end of the chunked body
+                time.sleep(0.02)  # slower than the engine: ~2,000 bytes a read
+                chunk = sock.recv(2048)
+                assert chunk, raw[-300:]
+                raw += chunk
+    chunked, body = raw.partition(b"\r\n\r\n")[2], b""
+    while chunked:  # undo the chunked transfer encoding (a chunk line may cut a frame anywhere)
+        size_line, _, rest = chunked.partition(b"\r\n")
+        size = int(size_line, 16)
+        if size == 0 or len(rest) < size:
+            body += rest[:size]
+            break
+        body += rest[:size]
+        chunked = rest[size + 2 :]
+    seqs = [e["sequence_number"] for e in sse_events(body) if "sequence_number" in e]
+    assert seqs == list(range(1, len(seqs) + 1))
+    assert len([limit for limit in subscribed if limit == 4096]) >= 2  # it fell behind and caught up
