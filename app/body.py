@@ -191,45 +191,40 @@ def _text(text: str, checks: _Checks, *, what: str) -> None:
             raise _Found(functools.partial(_long_run, what, start))
 
 
+def _invalid(path: list[str | int], problem: str, what: str = "value") -> APIError:
+    """The 400 for the value (or key) at ``path``: ``problem`` says what is wrong with it."""
+    param = param_text(path)
+    return APIError(400, f"Invalid {what} for '{param}': {problem}", param=param, code="invalid_value")
+
+
 def _bad_number(literal: str, path: list[str | int]) -> APIError:
-    return APIError(
-        400,
-        f"Invalid value for '{param_text(path)}': the number {_clip(literal)} is out of range "
+    return _invalid(
+        path,
+        f"the number {_clip(literal)} is out of range "
         "(integers need fewer than 20 digits; NaN and Infinity are not JSON).",
-        param=param_text(path),
-        code="invalid_value",
     )
 
 
 def _nul(what: str, path: list[str | int]) -> APIError:
-    return APIError(
-        400,
-        f"Invalid {what} for '{param_text(path)}': it contains a NUL character (\\u0000), which "
-        "cannot be stored.",
-        param=param_text(path),
-        code="invalid_value",
-    )
+    return _invalid(path, "it contains a NUL character (\\u0000), which cannot be stored.", what)
 
 
 def _surrogate(what: str, code_point: int, path: list[str | int]) -> APIError:
-    return APIError(
-        400,
-        f"Invalid {what} for '{param_text(path)}': it contains a lone UTF-16 surrogate "
-        f"(\\u{code_point:04x}), which is not a Unicode character and cannot be stored; send "
-        "surrogates only as a valid pair.",
-        param=param_text(path),
-        code="invalid_value",
+    return _invalid(
+        path,
+        f"it contains a lone UTF-16 surrogate (\\u{code_point:04x}), which is not a Unicode "
+        "character and cannot be stored; send surrogates only as a valid pair.",
+        what,
     )
 
 
 def _long_run(what: str, start: int, path: list[str | int]) -> APIError:
-    return APIError(
-        400,
-        f"Invalid {what} for '{param_text(path)}': from character {start} on it has a run of "
-        f"more than {MAX_RUN} characters of one kind (letters, punctuation or whitespace) with "
-        "no break, more than the tokenizer takes as one piece; break the run up.",
-        param=param_text(path),
-        code="invalid_value",
+    return _invalid(
+        path,
+        f"from character {start} on it has a run of more than {MAX_RUN} characters of one kind "
+        "(letters, punctuation or whitespace) with no break, more than the tokenizer takes as "
+        "one piece; break the run up.",
+        what,
     )
 
 

@@ -51,7 +51,14 @@ class Batch:
         self.first_seq = first_seq
         self.frames = frames
         self.terminal = terminal
-        self.nbytes = sum(map(len, frames))
+        self.nbytes = -1  # counted only if a bounded subscription asks (see ``size``)
+
+    def size(self) -> int:
+        """The bytes of its frames (counted once, on demand: most batches only pass through
+        unbounded queues)."""
+        if self.nbytes < 0:
+            self.nbytes = sum(map(len, self.frames))
+        return self.nbytes
 
     @property
     def last_seq(self) -> int:
@@ -84,7 +91,7 @@ class Subscription:
         if self._limit is not None:
             if self.overflowed:
                 return
-            self._bytes += batch.nbytes
+            self._bytes += batch.size()
             if self._bytes > self._limit:
                 self._batches.clear()
                 self._bytes = 0
@@ -115,7 +122,7 @@ class Subscription:
                     self._waiter = None
         batch = self._batches.popleft()
         if self._limit is not None:
-            self._bytes -= batch.nbytes
+            self._bytes -= batch.size()
         return batch
 
 

@@ -578,31 +578,10 @@ class ResponseService:
             queue = run.subscribe(limit if run.store else None) if run is not None else None
         sent = after
         try:
-            if read_store:
-                # page through the stored log, so the first bytes go out without reading it all
-                while True:
-                    events = await self._load(response_id, sent, _PAGE)
-                    if events:
-                        sent = events[-1].seq
-                        yield stored_frames(events)
-                        if events[-1].type in TERMINAL_TYPES:
-                            return
-                    if len(events) < _PAGE:
-                        break
-                if sent == after and run is None:
-                    row = await self.store.get(response_id)
-                    if row is None or row.status in _TERMINAL_STATUSES:
-                        return  # nothing after ``after``, and nothing more will come
-            while queue is not None:
-                assert run is not None
-                if run.finished.is_set() and queue.empty():
-                    yield self._run_error_frame(run, sent)
-                    return
-                try:
-                    batch: Batch = await queue.get()
-                except SubscriptionOverflow:  # fell behind: catch up from the log, then go on
-                    run.unsubscribe(queue)
-                    queue = run.subscribe(limit)
+            while True:
+                if read_store:
+                    # page through the stored log, so the first bytes go out without reading it
+                    # all (and, after the live queue overflowed, to catch up from it)
                     while True:
                         events = await self._load(response_id, sent, _PAGE)
                         if events:
@@ -612,7 +591,24 @@ class ResponseService:
                                 return
                         if len(events) < _PAGE:
                             break
+                    if sent == after and run is None:
+                        row = await self.store.get(response_id)
+                        if row is None or row.status in _TERMINAL_STATUSES:
+                            return  # nothing after ``after``, and nothing more will come
+                if queue is None:
+                    break
+                assert run is not None
+                if run.finished.is_set() and queue.empty():
+                    yield self._run_error_frame(run, sent)
+                    return
+                try:
+                    batch: Batch = await queue.get()
+                except SubscriptionOverflow:  # fell behind: catch up from the log, then go on
+                    run.unsubscribe(queue)
+                    queue = run.subscribe(limit)
+                    read_store = True
                     continue
+                read_store = False
                 frames = batch.frames
                 skip = sent + 1 - batch.first_seq  # > 0 only for what the store read gave
                 if skip < len(frames):

@@ -123,7 +123,3 @@ class StoreHealth:
         self.failing = False
         self.outage_since = None
         self.reason = None
-
-    def retry_after_s(self) -> int:
-        """What a client told to come back later should wait (the ``Retry-After`` header)."""
-        return max(1, min(30, round(self.retry_s / 4) or 1))
