@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sqlite3
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,6 +26,7 @@ from app.engines.scripted import ScriptedEngine
 from app.settings import Settings
 from tests.e2e.conftest import harmony, sse_events
 from tests.support.server import RunningServer, serve
+from tests.support.sqlite_lock import SqliteLock
 
 MODEL = "gpt-oss-outage"
 TEXT = " ".join(f"w{i}" for i in range(400))  # ~800 tokens at 5 ms: ~4 s of streaming
@@ -63,32 +62,6 @@ def _frames(chunk: str) -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
-class _Lock:
-    """The write lock held by another connection until ``release()``."""
-
-    def __init__(self, path: Path) -> None:
-        self._release = threading.Event()
-        taken = threading.Event()
-
-        def hold() -> None:
-            connection = sqlite3.connect(path, isolation_level=None, timeout=10)
-            try:
-                connection.execute("BEGIN IMMEDIATE")
-                taken.set()
-                self._release.wait(30)
-                connection.execute("ROLLBACK")
-            finally:
-                connection.close()
-
-        self._thread = threading.Thread(target=hold, daemon=True)
-        self._thread.start()
-        assert taken.wait(10)
-
-    def release(self) -> None:
-        self._release.set()
-        self._thread.join(10)
-
-
 async def test_an_outage_ends_the_stream_with_an_error_and_the_log_is_closed_after(
     outage_server: tuple[RunningServer, Path, ScriptedEngine],
 ) -> None:
@@ -96,7 +69,7 @@ async def test_an_outage_ends_the_stream_with_an_error_and_the_log_is_closed_aft
     engine.add_turns({"completion": harmony(("final", TEXT)), "token_delay_ms": 5})
     body = {"model": MODEL, "input": "talk", "stream": True}
     received: list[tuple[str, dict[str, Any]]] = []
-    lock: _Lock | None = None
+    lock: SqliteLock | None = None
     async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as client:
         async with client.stream("POST", "/v1/responses", json=body) as stream:
             assert stream.status_code == 200
@@ -106,7 +79,7 @@ async def test_an_outage_ends_the_stream_with_an_error_and_the_log_is_closed_aft
                 complete, _, buffer = buffer.rpartition("\n\n")
                 received.extend(_frames(complete))
                 if lock is None and len(received) >= 20:
-                    lock = _Lock(db)
+                    lock = SqliteLock(db)
                     locked_at = time.monotonic()
             received.extend(_frames(buffer))
         assert lock is not None, "the response ended before the lock was taken"

@@ -10,11 +10,7 @@ Whole-cluster faults (restart, stop, freeze, full disk, read-only) are in ``test
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import sqlite3
-import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import asyncpg
@@ -24,6 +20,7 @@ from persistence.errors import RefusedWrite, StoreError, StoreUnavailable
 from persistence.sql import SqlStore, open_store
 from tests.persistence.factories import created, delta, new_response
 from tests.support.postgres import fresh_database, unavailable
+from tests.support.sqlite_lock import SqliteLock
 
 
 async def _started(store: SqlStore) -> str:
@@ -31,31 +28,6 @@ async def _started(store: SqlStore) -> str:
     await store.create_response(new)
     await store.append(new.id, [created(new.id)], 0)
     return new.id
-
-
-@contextlib.contextmanager
-def _sqlite_lock(path: Path, hold_s: float) -> Iterator[threading.Event]:
-    """Hold the database's write lock from another connection for ``hold_s`` (in a thread, as
-    a second process would); the event is set once the lock is taken."""
-    taken = threading.Event()
-
-    def hold() -> None:
-        connection = sqlite3.connect(path, isolation_level=None, timeout=10)
-        try:
-            connection.execute("BEGIN IMMEDIATE")
-            taken.set()
-            time.sleep(hold_s)
-            connection.execute("ROLLBACK")
-        finally:
-            connection.close()
-
-    thread = threading.Thread(target=hold, daemon=True)
-    thread.start()
-    assert taken.wait(10), "could not take the lock"
-    try:
-        yield taken
-    finally:
-        thread.join(30)
 
 
 async def test_a_refused_row_fails_alone_and_its_batch_commits(sql_url: str) -> None:
@@ -101,7 +73,7 @@ async def test_a_locked_sqlite_database_is_retried_until_it_is_free(sqlite_url: 
     store = await open_store(sqlite_url, busy_timeout_ms=50, retry_s=10)
     try:
         rid = await _started(store)
-        with _sqlite_lock(path, 1.0):
+        with SqliteLock(path, hold_s=1.0):
             started = time.monotonic()
             write = store.submit(rid, [delta(1, "waited")], 1)
             await asyncio.sleep(0.5)
@@ -120,7 +92,7 @@ async def test_a_lock_held_past_the_retry_time_fails_writes_then_heals(sqlite_ur
     store = await open_store(sqlite_url, busy_timeout_ms=50, retry_s=0.4)
     try:
         rid = await _started(store)
-        with _sqlite_lock(path, 1.5):
+        with SqliteLock(path, hold_s=1.5):
             with pytest.raises(StoreUnavailable, match="locked"):
                 await store.append(rid, [delta(1, "lost")], 1)
             # the outage is older than the retry time: the next write fails at once
@@ -146,7 +118,7 @@ async def test_a_commit_whose_answer_was_lost_is_not_written_twice(sqlite_url: s
     store = await open_store(sqlite_url, busy_timeout_ms=5000, statement_timeout_s=0.2, retry_s=10)
     try:
         rid = await _started(store)
-        with _sqlite_lock(path, 0.8):
+        with SqliteLock(path, hold_s=0.8):
             await store.append(rid, [delta(1, "once"), delta(2, "only")], 1)
         events = await store.load(rid)
         assert [(e.seq, e.payload.get("delta")) for e in events[1:]] == [(1, "once"), (2, "only")]
