@@ -16,6 +16,7 @@ from openai import OpenAI
 from app.encoding import load_encoding
 from app.engines.scripted import ScriptedEngine
 from app.settings import Settings
+from tests.support.process import ServerProcess
 from tests.support.server import RunningServer, serve
 
 MODEL = "gpt-oss-test"
@@ -38,6 +39,15 @@ def ledger(tmp_path_factory: pytest.TempPathFactory, engine: ScriptedEngine) -> 
     )
     with serve(settings, engine=engine) as server:
         yield server
+
+
+@pytest.fixture
+def processes() -> Iterator[list[ServerProcess]]:
+    """Server processes a test starts (``tests/support/process.py``), stopped after it."""
+    started: list[ServerProcess] = []
+    yield started
+    for process in started:
+        process.stop()
 
 
 @pytest.fixture

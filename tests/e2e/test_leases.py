@@ -67,14 +67,6 @@ def test_sqlite_serves_one_process_only() -> None:
         check_single_process([_row(me, host="elsewhere")], me, now)
 
 
-@pytest.fixture
-def processes() -> Iterator[list[ServerProcess]]:
-    started: list[ServerProcess] = []
-    yield started
-    for process in started:
-        process.stop()
-
-
 def test_a_second_server_on_one_sqlite_file_is_refused(
     tmp_path: Path, processes: list[ServerProcess]
 ) -> None:

@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 from openai import OpenAI
 
 from app.encoding import load_encoding
@@ -30,14 +28,6 @@ MODEL = "gpt-oss-recovery"
 REASONING = "Let me think this through."
 TERMINALS = ("response.completed", "response.incomplete", "response.failed", "response.cancelled")
 WORDS = " ".join(f"word{i}" for i in range(300))  # ~600 tokens at 40 ms: far longer than the test
-
-
-@pytest.fixture
-def processes() -> Iterator[list[ServerProcess]]:
-    started: list[ServerProcess] = []
-    yield started
-    for process in started:
-        process.stop()
 
 
 def _events(base_url: str, response_id: str) -> list[dict[str, Any]]:
