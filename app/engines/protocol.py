@@ -28,6 +28,12 @@ class Sampling:
     stop_token_ids: tuple[int, ...] = ()
     # token id -> bias; lets tests force a stop token on a random-weight model.
     logit_bias: dict[int, float] = field(default_factory=dict)
+    # The last `generated` prompt token ids are this response's own output so far (a takeover
+    # continuing it on another server): the engine continues after them. `max_tokens` counts new
+    # tokens only. vLLM needs nothing more (a continuation is just a longer prompt); the echo and
+    # scripted engines, whose answer is fixed by the prompt or the script, use it to find the
+    # completion being continued and resume it after its first `generated` tokens.
+    generated: int = 0
 
 
 @dataclass(frozen=True, slots=True)
