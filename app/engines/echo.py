@@ -3,6 +3,12 @@
 It reads the prompt token ids the service rendered, finds the last user message, and streams a
 Harmony completion for it token by token: an analysis message, then a final answer repeating the
 user's words. It honours ``max_tokens`` (``finish_reason="length"``) and ``abort``.
+
+It can also continue a response another server started (``Sampling.generated``): the prompt then
+ends with that response's output so far, and since echo's answer is a function of the original
+prompt alone, it recomputes that answer, checks that the generated tokens are its beginning, and
+streams the rest. A continuation whose generated tokens are not its answer is refused with
+``EngineError``: streaming anything after them would splice two different completions.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from pathlib import Path
 
 from openai_harmony import HarmonyEncoding
 
-from app.engines.protocol import EngineChunk, Sampling
+from app.engines.protocol import EngineChunk, EngineError, Sampling
 
 __all__ = ["EchoEngine", "StepClock", "echo_completion", "stream_tokens"]
 
@@ -173,18 +179,52 @@ class EchoEngine:
         return cached
 
     def completion_for(self, prompt_token_ids: Sequence[int]) -> tuple[str, float, str | None]:
+        """The completion to stream for a new response, its token delay (s) and its error."""
         return echo_completion(self._encoding, prompt_token_ids), 0.0, None
+
+    def continuation_for(
+        self, prompt_token_ids: Sequence[int], generated: int
+    ) -> tuple[str, float, str | None]:
+        """The whole completion a continued response resumes (as :meth:`completion_for`).
+
+        Echo's answer to the original prompt, the prompt without its last ``generated`` tokens;
+        calls ``echo_completion`` itself, not ``completion_for``, which a subclass may give side
+        effects (the scripted engine's turn counter)."""
+        original = prompt_token_ids[: len(prompt_token_ids) - generated]
+        return echo_completion(self._encoding, original), 0.0, None
+
+    def _continued(
+        self, prompt_token_ids: Sequence[int], generated: int
+    ) -> tuple[Sequence[int], float, str | None]:
+        """The tokens after the ``generated`` ones of the completion being continued."""
+        if not 0 < generated <= len(prompt_token_ids):
+            raise EngineError(
+                f"cannot continue this response: {generated} generated tokens in a prompt of "
+                f"{len(prompt_token_ids)}"
+            )
+        text, delay_s, error = self.continuation_for(prompt_token_ids, generated)
+        tokens = self._tokens(text)
+        if tokens[:generated] != list(prompt_token_ids[len(prompt_token_ids) - generated :]):
+            raise EngineError(
+                "cannot continue this response: the generated tokens are not this engine's completion"
+            )
+        return tokens[generated:], delay_s, error
 
     def generate(
         self, prompt_token_ids: Sequence[int], sampling: Sampling, request_id: str
     ) -> AsyncIterator[EngineChunk]:
         # Not itself a generator: it hands back stream_tokens' iterator, so a token crosses
-        # one async generator, not two.
-        text, delay_s, error = self.completion_for(prompt_token_ids)
+        # one async generator, not two; and a continuation it cannot serve raises here, before
+        # the service has begun to read a stream.
+        tokens: Sequence[int]
+        if sampling.generated:
+            tokens, delay_s, error = self._continued(prompt_token_ids, sampling.generated)
+        else:
+            text, delay_s, error = self.completion_for(prompt_token_ids)
+            tokens = self._tokens(text)
         clock = None
         if delay_s:
             clock = self._clocks.get(delay_s) or self._clocks.setdefault(delay_s, StepClock(delay_s))
-        tokens = self._tokens(text)
         aborted = self._aborted.setdefault(request_id, asyncio.Event())
         times = array("q") if self.token_times_dir is not None else None
         directory = self.token_times_dir
