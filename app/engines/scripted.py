@@ -12,6 +12,12 @@ A turn may also set ``"token_delay_ms"`` (overrides the file's) and ``"error"`` 
 the engine fails with that message: how tests reach the ``response.failed`` path). Tests and the
 benchmark also pass the script as a dict.
 
+A continuation (``Sampling.generated``: another server's replica died mid-response and this one
+resumes it from the log) takes no turn: it resumes the first turn in the script, used or not,
+whose tokens begin with the generated ones, with that turn's delay and error, so a takeover test
+sees the same completion go on at the right token whatever the turn counter says. When no turn
+matches it continues as echo does (which refuses generated tokens that are not echo's answer).
+
 The latest prompts (``PROMPTS_KEPT`` of them, so a long-running server does not grow by one
 prompt per request) are kept in :attr:`ScriptedEngine.prompts`, so tests can compare prompt token
 ids; :attr:`ScriptedEngine.prompt_count` counts them all.
@@ -79,5 +85,21 @@ class ScriptedEngine(EchoEngine):
                 self._next += 1
         if turn is None:
             return super().completion_for(prompt_token_ids)
+        return self._played(turn)
+
+    def continuation_for(
+        self, prompt_token_ids: Sequence[int], generated: int
+    ) -> tuple[str, float, str | None]:
+        with self._lock:
+            self.prompts.append(list(prompt_token_ids))
+            self.prompt_count += 1
+            turns = list(self._turns)
+        tail = list(prompt_token_ids[len(prompt_token_ids) - generated :])
+        for turn in turns:
+            if self._tokens(str(turn["completion"]))[:generated] == tail:
+                return self._played(turn)
+        return super().continuation_for(prompt_token_ids, generated)
+
+    def _played(self, turn: dict[str, Any]) -> tuple[str, float, str | None]:
         delay_ms = float(turn.get("token_delay_ms", self._delay_ms))
         return str(turn["completion"]), delay_ms / 1000.0, turn.get("error")
