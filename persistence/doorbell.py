@@ -29,7 +29,8 @@ process, one listening and one sending:
   because a ring sent before then could not be heard (the follower re-reads; nothing slips
   between its first read and its first wait).
 - A lost connection (a database restart, the network, ``pg_terminate_backend``) is replaced in
-  the background with backoff (50 ms doubling to 1 s). ``connected`` is False while the
+  the background with backoff (50 ms doubling to 1 s; a sending connection found dead at a
+  send is first replaced at once, since a ring is waiting). ``connected`` is False while the
   listening connection is down, and every listener is woken when it goes down and again once
   every channel is ``LISTEN``ed anew: notifications sent meanwhile were never delivered. Rings
   made while the sending connection is down are kept, coalesced, and sent once it is back; past
@@ -404,25 +405,25 @@ class PgDoorbell:
     # -- listening -------------------------------------------------------------------------
 
     async def _listen_forever(self, first_attempt: asyncio.Future[None]) -> None:
-        backoff = _BACKOFF_MIN_S
-        failures = 0
-        while True:
-            try:
-                connection = await self._connect("listen")
-            except Exception as exc:
-                _log_failure("listening connection", exc, failures)
-                failures += 1
-            else:
-                failures = 0
-                backoff = _BACKOFF_MIN_S
-                await self._serve(connection, first_attempt)
-            if not first_attempt.done():
+        backoff = _Backoff()
+        try:
+            while True:
+                try:
+                    connection = await self._connect("listen")
+                except Exception as exc:
+                    _log_failure("listening connection", exc, backoff.failures)
+                else:
+                    await self._serve(connection, first_attempt, backoff)
+                if not first_attempt.done():
+                    first_attempt.set_result(None)
+                await asyncio.sleep(backoff.next_s())
+        finally:
+            if not first_attempt.done():  # closed while starting: do not leave start() hanging
                 first_attempt.set_result(None)
-            await asyncio.sleep(backoff)
-            if failures:
-                backoff = min(backoff * 2, _BACKOFF_MAX_S)
 
-    async def _serve(self, connection: Any, first_attempt: asyncio.Future[None]) -> None:
+    async def _serve(
+        self, connection: Any, first_attempt: asyncio.Future[None], backoff: _Backoff
+    ) -> None:
         """Keep ``connection`` LISTENing to every channel that has listeners until it is lost."""
         lost = asyncio.get_running_loop().create_future()
 
@@ -435,6 +436,7 @@ class PgDoorbell:
         try:
             while not lost.done():
                 await self._reconcile(connection)
+                backoff.reset()
                 if not first_attempt.done():
                     first_attempt.set_result(None)
                 changed = asyncio.ensure_future(self._changed.wait())
@@ -490,8 +492,9 @@ class PgDoorbell:
     # -- sending ---------------------------------------------------------------------------
 
     async def _send_forever(self) -> None:
-        backoff = _BACKOFF_MIN_S
-        failures = 0
+        # A connection that died while idle (a restart, an idle timeout) is replaced at once:
+        # a ring is waiting. Failing again before a send goes through backs off.
+        backoff = _Backoff(immediate=True)
         connection: Any = None
         try:
             while True:
@@ -499,33 +502,27 @@ class PgDoorbell:
                     try:
                         connection = await self._connect("send")
                     except Exception as exc:
-                        _log_failure("sending connection", exc, failures)
-                        failures += 1
-                        await asyncio.sleep(backoff)
-                        backoff = min(backoff * 2, _BACKOFF_MAX_S)
+                        _log_failure("sending connection", exc, backoff.failures)
+                        await asyncio.sleep(backoff.next_s())
                         continue
-                    failures = 0
-                    backoff = _BACKOFF_MIN_S
                 await self._has_pending.wait()
                 self._has_pending.clear()
                 channels, self._pending = self._pending, set()
                 try:
-                    await connection.execute(
-                        _NOTIFY, sorted(channels), timeout=_STATEMENT_TIMEOUT_S
-                    )
+                    await connection.execute(_NOTIFY, list(channels), timeout=_STATEMENT_TIMEOUT_S)
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:
                     if is_unavailable(exc):
-                        _log_failure("sending connection", exc, failures)
-                        failures += 1
+                        _log_failure("sending connection", exc, backoff.failures)
                         self._keep(channels)
                         connection.terminate()
                         connection = None
-                        await asyncio.sleep(backoff)
+                        await asyncio.sleep(backoff.next_s())
                     else:  # not the database's state: retrying would fail the same way
                         _log.exception("doorbell: %d rings refused; dropped", len(channels))
                 else:
+                    backoff.reset()
                     self._overflow_logged = False
                 if not self._pending:
                     self._idle.set()
@@ -545,6 +542,26 @@ class PgDoorbell:
             room -= 1
         if self._pending:
             self._has_pending.set()
+
+
+class _Backoff:
+    """Delays between reconnects: 50 ms doubling to 1 s (after one immediate retry if
+    ``immediate``), restarted by progress (a send that went through, a LISTEN pass that
+    completed), so a flapping server is not hammered."""
+
+    def __init__(self, *, immediate: bool = False) -> None:
+        self.failures = 0
+        self._immediate = immediate
+
+    def next_s(self) -> float:
+        doublings = self.failures - 1 if self._immediate else self.failures
+        self.failures += 1
+        if doublings < 0:
+            return 0.0
+        return min(_BACKOFF_MIN_S * (1 << min(doublings, 16)), _BACKOFF_MAX_S)
+
+    def reset(self) -> None:
+        self.failures = 0
 
 
 def _log_failure(what: str, exc: BaseException, failures: int) -> None:
