@@ -216,6 +216,21 @@ async def test_a_ring_on_one_replica_wakes_a_listener_on_another(start_pg: Start
 
 
 @pytest.mark.postgres
+async def test_a_ring_just_before_close_is_still_sent(pg_dsn: str, start_pg: Start) -> None:
+    """A replica's last ring (releasing its lease) must not be lost to its own shutdown."""
+    replica = await start_pg()
+    channel = _channel()
+    listener = await _listening(replica, channel)
+    leaving = PgDoorbell(pg_dsn)
+    await leaving.start()
+
+    leaving.ring(channel)
+    await leaving.close()
+
+    assert await listener.wait(_SOON)
+
+
+@pytest.mark.postgres
 async def test_listen_before_start_hears_rings_once_started(pg_dsn: str, start_pg: Start) -> None:
     owner = await start_pg()
     late = PgDoorbell(pg_dsn)
