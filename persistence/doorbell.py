@@ -99,7 +99,7 @@ class Listener:
     The flag is what makes ``read the store; if nothing new: wait`` safe: a ring that lands
     between the read and the wait is not lost, it makes the wait return at once. True from
     ``wait`` means "look again", never a promise that something changed (reconnects and new
-    ``LISTEN``s wake too)."""
+    ``LISTEN``s wake too). One task waits on a listener; each follower takes its own."""
 
     def __init__(self, channel: str, on_close: Callable[[Listener], None]) -> None:
         self.channel = channel
