@@ -5,6 +5,7 @@ A small tree that ``app/`` maps to OpenAI's ``{"error": {...}}`` JSON in one pla
 - ``StoreError``: the store could not do what was asked (database down, store closed, ...).
 - ``ConcurrencyError``: another writer got there first: the expected ``seq`` is taken or not
   next, the log already ended, or the response id already exists.
+- ``Fenced``: another replica took the response over; this one may no longer append to it.
 - ``NotFound``: the response (or a link of its chain, or a list cursor) does not exist.
 - ``StoreUnavailable``: the database cannot be reached or written (down, frozen, read-only,
   full, locked) and stayed so for longer than the store's retry time.
@@ -14,7 +15,7 @@ A small tree that ``app/`` maps to OpenAI's ``{"error": {...}}`` JSON in one pla
 
 from __future__ import annotations
 
-__all__ = ["ConcurrencyError", "NotFound", "RefusedWrite", "StoreError", "StoreUnavailable"]
+__all__ = ["ConcurrencyError", "Fenced", "NotFound", "RefusedWrite", "StoreError", "StoreUnavailable"]
 
 
 class StoreError(Exception):
@@ -24,6 +25,11 @@ class StoreError(Exception):
 
 class ConcurrencyError(StoreError):
     """An append lost a race or was built on a stale view of the log."""
+
+
+class Fenced(ConcurrencyError):
+    """This store no longer owns the response: another replica claimed it (a takeover bumped its
+    epoch), so this one's appends are refused. The other replica goes on with the log."""
 
 
 class NotFound(StoreError):

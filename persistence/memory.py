@@ -96,6 +96,7 @@ class MemoryStore:
         #: Always healthy: this process's memory is the whole store.
         self.health = StoreHealth(retry_s=0)
         self._owners: dict[str, str | None] = {}
+        self._tokens: dict[str, list[int]] = {}
         self._replica: tuple[Replica, float] | None = None
 
     async def create_response(self, new: NewResponse) -> None:
@@ -129,24 +130,35 @@ class MemoryStore:
             last_seq=-1,
             project=new.project,
             api_key_id=new.api_key_id,
+            owner=new.owner,
         )
         self._owners[new.id] = new.owner
+        self._tokens[new.id] = []
         self._events[new.id] = []
         self._audit[new.id] = []
         self._inputs[new.id] = inputs
 
     def submit(
-        self, response_id: str, events: Sequence[StoredEvent], expected_seq: int
+        self,
+        response_id: str,
+        events: Sequence[StoredEvent],
+        expected_seq: int,
+        token_ids: Sequence[int] = (),
     ) -> asyncio.Future[None]:
         self._check_open()
         check_submission(events, expected_seq)
         encoded = [_Event(e.seq, e.type, e.payload_text()) for e in events]
-        return _settled(self._append, response_id, events, encoded, expected_seq)
+        return _settled(self._append, response_id, events, encoded, expected_seq, token_ids)
 
     def submit_then(
-        self, response_id: str, events: Sequence[StoredEvent], expected_seq: int, done: Done
+        self,
+        response_id: str,
+        events: Sequence[StoredEvent],
+        expected_seq: int,
+        done: Done,
+        token_ids: Sequence[int] = (),
     ) -> None:
-        then(self.submit(response_id, events, expected_seq), done)
+        then(self.submit(response_id, events, expected_seq, token_ids), done)
 
     def _append(
         self,
@@ -154,6 +166,7 @@ class MemoryStore:
         events: Sequence[StoredEvent],
         encoded: list[_Event],
         expected_seq: int,
+        token_ids: Sequence[int] = (),
     ) -> None:
         row = self._rows.get(response_id)
         if row is None:
@@ -166,6 +179,7 @@ class MemoryStore:
                 f"response {response_id!r}: expected_seq {expected_seq}, next seq is {len(log)}"
             )
         log.extend(encoded)
+        self._tokens[response_id].extend(unpack_token_ids(pack_token_ids(token_ids)))
         for event in events:
             update = row_update(event)
             if update is not None:
@@ -249,6 +263,7 @@ class MemoryStore:
         if self._rows.pop(response_id, None) is None:
             return False
         del self._events[response_id], self._audit[response_id], self._inputs[response_id]
+        del self._tokens[response_id]
         return True
 
     async def list_input_items(
@@ -296,6 +311,35 @@ class MemoryStore:
         self._check_open()
         if self._replica is not None and self._replica[0].id == replica_id:
             self._replica = None
+
+    async def claim(self, response_id: str, from_owner: str | None, to_owner: str) -> int | None:
+        self._check_open()
+        row = self._rows.get(response_id)
+        if row is None or self._ended(response_id) or self._owners.get(response_id) != from_owner:
+            return None
+        self._owners[response_id] = to_owner
+        self._rows[response_id] = dataclasses.replace(row, owner=to_owner, epoch=row.epoch + 1)
+        return row.epoch + 1
+
+    async def output_tokens(self, response_id: str) -> list[int]:
+        self._check_open()
+        return list(self._tokens.get(response_id, ()))
+
+    async def request_cancel(self, response_id: str) -> bool:
+        self._check_open()
+        row = self._rows.get(response_id)
+        if row is None or self._ended(response_id):
+            return False
+        self._rows[response_id] = dataclasses.replace(row, cancel_requested_at=time.time())
+        return True
+
+    async def cancel_requests(self, owner: str) -> list[str]:
+        self._check_open()
+        return [
+            rid
+            for rid, row in self._rows.items()
+            if self._owners.get(rid) == owner and row.cancel_requested_at is not None and not self._ended(rid)
+        ]
 
     def _ended(self, response_id: str) -> bool:
         log = self._events[response_id]

@@ -210,6 +210,9 @@ class ResponseRow:
     last_seq: int  # -1 while the log is empty
     project: str = DEFAULT_PROJECT
     api_key_id: str | None = None
+    owner: str | None = None  # the replica generating it (or that last did)
+    epoch: int = 0  # bumped by every takeover claim
+    cancel_requested_at: float | None = None  # a cancel asked through another replica
 
 
 @dataclass(frozen=True, slots=True)

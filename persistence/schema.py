@@ -86,6 +86,10 @@ responses = Table(
     Column("api_key_id", Text),
     # The replica generating it (migration 0004; NULL: made before, or by a store without one).
     Column("owner", Text),
+    # Bumped by every claim of a takeover (migration 0005): appends are fenced by it.
+    Column("epoch", Integer, nullable=False, server_default="0"),
+    # A cancel asked through another replica than the owner (migration 0005).
+    Column("cancel_requested_at", Double),
     Index(None, "created_at"),
     Index(None, "project", "created_at"),
     Index(None, "api_key_id"),
@@ -101,6 +105,8 @@ response_events = Table(
     Column("type", Text, nullable=False),
     Column("payload", _Json, nullable=False),
     Column("recorded_at", Double, nullable=False),
+    # The output token ids behind this write's events, on its last event (migration 0005).
+    Column("token_ids", LargeBinary),
     # SQLite only. On PostgreSQL a foreign key is checked per inserted row by a trigger that
     # looks up and locks the parent row: 5.5 of the 13 us of database CPU per streamed event
     # (bench: 64 logs x 2,000-row commits). There the store checks that the response exists

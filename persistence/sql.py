@@ -36,7 +36,7 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import asyncpg
 from sqlalchemy import (
@@ -48,6 +48,7 @@ from sqlalchemy import (
     func,
     literal,
     select,
+    update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
@@ -62,6 +63,7 @@ from persistence.database import (
 )
 from persistence.errors import (
     ConcurrencyError,
+    Fenced,
     NotFound,
     RefusedWrite,
     StoreError,
@@ -103,7 +105,10 @@ from persistence.schema import (
 )
 from persistence.schema import replicas as replicas_table
 from persistence.sqlite_writer import SqliteWriter
-from persistence.store import Completion, Done, Order, check_submission
+from persistence.store import REPLICAS_CHANNEL, Completion, Done, Order, check_submission
+
+if TYPE_CHECKING:
+    from persistence.doorbell import Doorbell
 
 __all__ = ["CommitStats", "SqlStore", "open_store"]
 
@@ -335,6 +340,12 @@ class SqlStore:
         self._reopen_reader = reopen_reader
         # The replica whose lease ``probe`` renews, and for how long (``lease``).
         self._replica: tuple[Replica, float] | None = None
+        # The epoch this store claimed for each response it took over (``claim``); a response it
+        # created has epoch 0 and no entry. PostgreSQL appends are fenced by it.
+        self._epochs: dict[str, int] = {}
+        #: Rung (``persistence.doorbell``) for every response whose events a commit made durable,
+        #: after the commit, so followers on other replicas read them at once.
+        self.doorbell: Doorbell | None = None
 
     @property
     def stats(self) -> CommitStats:
@@ -368,24 +379,43 @@ class SqlStore:
         return future
 
     def submit(
-        self, response_id: str, events: Sequence[StoredEvent], expected_seq: int
+        self,
+        response_id: str,
+        events: Sequence[StoredEvent],
+        expected_seq: int,
+        token_ids: Sequence[int] = (),
     ) -> asyncio.Future[None]:
         future = asyncio.get_running_loop().create_future()
-        self._queue_append(response_id, events, expected_seq, future)
+        self._queue_append(response_id, events, expected_seq, future, token_ids)
         return future
 
     def submit_then(
-        self, response_id: str, events: Sequence[StoredEvent], expected_seq: int, done: Done
+        self,
+        response_id: str,
+        events: Sequence[StoredEvent],
+        expected_seq: int,
+        done: Done,
+        token_ids: Sequence[int] = (),
     ) -> None:
-        self._queue_append(response_id, events, expected_seq, Completion(done))
+        self._queue_append(response_id, events, expected_seq, Completion(done), token_ids)
 
     def _queue_append(
-        self, response_id: str, events: Sequence[StoredEvent], expected_seq: int, outcome: Outcome
+        self,
+        response_id: str,
+        events: Sequence[StoredEvent],
+        expected_seq: int,
+        outcome: Outcome,
+        token_ids: Sequence[int],
     ) -> None:
         self._check_open()
         check_submission(events, expected_seq)
         recorded_at = self._clock()
-        rows = [(response_id, e.seq, e.type, e.payload_text(), recorded_at) for e in events]
+        rows: list[tuple[Any, ...]] = [
+            (response_id, e.seq, e.type, e.payload_text(), recorded_at, None) for e in events
+        ]
+        if token_ids:  # on the write's last event: durable with the events they produced
+            last = rows[-1]
+            rows[-1] = (*last[:5], pack_token_ids(token_ids))
         update: RowUpdate | None = None
         for event, row in zip(events, rows, strict=True):
             change = row_update(event)
@@ -533,8 +563,14 @@ class SqlStore:
             await self._commit(batch[:middle])
             await self._commit(batch[middle:])
             return
+        bell = self.doorbell
         for write, outcome in zip(batch, result, strict=True):
             _settle(write, outcome)
+            if outcome is None and isinstance(write, _Append):
+                if write.ends:
+                    self._epochs.pop(write.response_id, None)
+                if bell is not None:  # after the commit, never inside it
+                    bell.ring(write.response_id)
 
     async def _write_retrying(
         self, batch: list[_Write]
@@ -645,7 +681,15 @@ class SqlStore:
                     _found_tails(tails, unknown, await raw.fetch(self._sql.tails(len(unknown)), *unknown))
                 if previous is not None and _committed_before(batch, tails, previous):
                     return _Plan(previous.outcomes, [], 0)
-                plan = self._last_plan = self._plan(batch, tails)
+                created = {w.response_id for w in batch if isinstance(w, _Create)}
+                appended = list(
+                    {w.response_id: None for w in batch if isinstance(w, _Append) and w.response_id not in created}
+                )
+                # The fence: each log's epoch, locked against a claim until this commits (a
+                # claim that comes after it sees these events; one before it fences them out)
+                epochs = dict(await raw.fetch(_FENCE, appended)) if appended else {}
+                epochs.update((rid, 0) for rid in created)
+                plan = self._last_plan = self._plan(batch, tails, epochs)
                 for statement, rows in plan.statements:
                     if statement.columns:
                         await raw.copy_records_to_table(
@@ -701,8 +745,16 @@ class SqlStore:
                 unknown.append(rid)
         return tails, unknown
 
-    def _plan(self, batch: list[_Write], tails: dict[str, _Tail | None]) -> _Plan:
-        """Check every write against the tails (updating them) and gather the rows to write."""
+    def _plan(
+        self,
+        batch: list[_Write],
+        tails: dict[str, _Tail | None],
+        epochs: dict[str, int] | None = None,
+    ) -> _Plan:
+        """Check every write against the tails (updating them) and, on PostgreSQL, every append
+        against its log's epoch (``epochs``: id -> the row's epoch, read under a share lock;
+        SQLite serves one process, which no other can take a response from), and gather the
+        rows to write."""
         outcomes: list[StoreError | None] = []
         creates: list[tuple[Any, ...]] = []
         items: list[tuple[Any, ...]] = []
@@ -726,6 +778,12 @@ class SqlStore:
                 audits.extend(write.rows)
             elif tail.ended:
                 outcomes.append(ConcurrencyError(f"the log of {rid!r} has ended"))
+                continue
+            elif epochs is not None and epochs.get(rid) != self._epochs.get(rid, 0):
+                if rid not in epochs:  # deleted meanwhile (by another replica)
+                    outcomes.append(NotFound(f"no response {rid!r}"))
+                else:
+                    outcomes.append(Fenced(f"response {rid!r} was taken over by another server"))
                 continue
             elif write.expected_seq != tail.next_seq:
                 outcomes.append(
@@ -936,10 +994,87 @@ class SqlStore:
             ]
 
     async def release(self, replica_id: str) -> None:
-        """Remove a replica's row (a clean shutdown: nothing of it is left to take over)."""
+        """Remove a replica's row: a clean shutdown, or a drain handing its responses to the
+        others (the doorbell's ``REPLICAS`` channel tells them to sweep at once)."""
         self._check_open()
         async with _store_errors(), self._writer.begin() as conn:
             await conn.execute(delete(replicas_table).where(replicas_table.c.id == replica_id))
+        if self.doorbell is not None:
+            self.doorbell.ring(REPLICAS_CHANNEL)
+
+    # -- takeover -----------------------------------------------------------------------
+
+    async def claim(self, response_id: str, from_owner: str | None, to_owner: str) -> int | None:
+        """Make ``to_owner`` the owner of an unfinished response that ``from_owner`` owned (the
+        caller found it orphaned): its epoch goes up by one, which fences out every later
+        append of the old owner. The new epoch, or None if the claim was lost (someone else
+        claimed it first, or it ended, or it is gone): exactly one claimant wins."""
+        self._check_open()
+        if not _possible_id(response_id):
+            return None
+        r = responses
+        query = (
+            update(r)
+            .where(
+                r.c.id == response_id,
+                r.c.owner.is_(None) if from_owner is None else r.c.owner == from_owner,
+                r.c.status.not_in(sorted(TERMINAL_STATUSES)),
+            )
+            .values(owner=to_owner, epoch=r.c.epoch + 1)
+            .returning(r.c.epoch)
+        )
+        async with _store_errors(), self._writer.begin() as conn:
+            epoch = (await conn.execute(query)).scalar_one_or_none()
+        if epoch is None:
+            return None
+        self._epochs[response_id] = int(epoch)
+        self._tails.pop(response_id, None)  # another process wrote it: read its tail afresh
+        return int(epoch)
+
+    async def output_tokens(self, response_id: str) -> list[int]:
+        """The output token ids behind the logged events, in order (what a takeover replays)."""
+        self._check_open()
+        if not _possible_id(response_id):
+            return []
+        e = response_events
+        query = (
+            select(e.c.token_ids)
+            .where(e.c.response_id == response_id, e.c.token_ids.is_not(None))
+            .order_by(e.c.seq)
+        )
+        tokens: list[int] = []
+        async with self._read() as conn:
+            for (packed,) in await conn.execute(query):
+                tokens.extend(unpack_token_ids(bytes(packed)))
+        return tokens
+
+    async def request_cancel(self, response_id: str) -> bool:
+        """Record that a cancel was asked of an unfinished response (for its owner, elsewhere).
+        False if it has ended or does not exist."""
+        self._check_open()
+        if not _possible_id(response_id):
+            return False
+        r = responses
+        query = (
+            update(r)
+            .where(r.c.id == response_id, r.c.status.not_in(sorted(TERMINAL_STATUSES)))
+            .values(cancel_requested_at=self._clock())
+        )
+        async with _store_errors(), self._writer.begin() as conn:
+            result = await conn.execute(query)
+        return bool(result.rowcount)
+
+    async def cancel_requests(self, owner: str) -> list[str]:
+        """The unfinished responses of ``owner`` that someone asked to cancel."""
+        self._check_open()
+        r = responses
+        query = select(r.c.id).where(
+            r.c.owner == owner,
+            r.c.cancel_requested_at.is_not(None),
+            r.c.status.not_in(sorted(TERMINAL_STATUSES)),
+        )
+        async with self._read() as conn:
+            return list((await conn.execute(query)).scalars())
 
     @asynccontextmanager
     async def _read(self, *, repeatable: bool = False) -> AsyncIterator[AsyncConnection]:
@@ -994,7 +1129,7 @@ class _Statements:
             "response_input_items", ("response_id", "position", "item_id", "item")
         )
         self.insert_event = insert(
-            "response_events", ("response_id", "seq", "type", "payload", "recorded_at")
+            "response_events", ("response_id", "seq", "type", "payload", "recorded_at", "token_ids")
         )
         self.insert_audit = insert(
             "response_audit",
@@ -1120,6 +1255,9 @@ def _response_row(row: Any) -> ResponseRow:
         last_seq=row.last_seq,
         project=row.project,
         api_key_id=row.api_key_id,
+        owner=row.owner,
+        epoch=row.epoch,
+        cancel_requested_at=row.cancel_requested_at,
     )
 
 
@@ -1144,6 +1282,9 @@ _TAILS = (
     " FROM responses AS r WHERE r.id IN ({marks})"
 )
 _ROWS = select(*_r.c, _LAST_SEQ)
+# The append fence (PostgreSQL): the epoch of each log a commit appends to, share-locked so that a
+# concurrent claim (an UPDATE of the row) waits for the commit, and a commit after a claim sees it.
+_FENCE = "SELECT id, epoch FROM responses WHERE id = ANY($1::text[]) FOR SHARE"
 _EVENTS = select(_e.c.seq, _e.c.type, cast(_e.c.payload, Text))
 
 _chain = select(

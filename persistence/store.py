@@ -19,6 +19,10 @@ Writes:
   for one response commit in submission order, and one that fails makes the later ones for the
   same response fail too (their ``expected_seq`` is no longer next). A submission is written
   even if its future is cancelled: an append-only log cannot take it back.
+- ``token_ids`` (``submit``, ``submit_then``): the output token ids that produced these events,
+  durable with them (``output_tokens`` returns them all, in order: what a takeover replays).
+  On PostgreSQL an append also fails with ``Fenced`` once another replica ``claim``-ed the
+  response (its epoch moved on).
 - ``submit_then(response_id, events, expected_seq, done)`` is ``submit`` with a callback instead
   of a future: ``done(None)`` once the events are durable, ``done(error)`` with what the future
   would raise. ``done`` runs later on the event loop, never inside ``submit_then``; an exception
@@ -51,7 +55,10 @@ from persistence.records import (
     StoredEvent,
 )
 
-__all__ = ["Completion", "Done", "EventStore", "Order", "check_submission", "then"]
+__all__ = ["REPLICAS_CHANNEL", "Completion", "Done", "EventStore", "Order", "check_submission", "then"]
+
+#: The doorbell channel rung when a replica releases its lease (the others sweep at once).
+REPLICAS_CHANNEL = "ledger_replicas"
 
 Order = Literal["asc", "desc"]
 #: A ``submit_then`` callback: None once durable, else the error.
@@ -115,11 +122,20 @@ class EventStore(Protocol):
     ) -> asyncio.Future[None]: ...
 
     def submit(
-        self, response_id: str, events: Sequence[StoredEvent], expected_seq: int
+        self,
+        response_id: str,
+        events: Sequence[StoredEvent],
+        expected_seq: int,
+        token_ids: Sequence[int] = (),
     ) -> asyncio.Future[None]: ...
 
     def submit_then(
-        self, response_id: str, events: Sequence[StoredEvent], expected_seq: int, done: Done
+        self,
+        response_id: str,
+        events: Sequence[StoredEvent],
+        expected_seq: int,
+        done: Done,
+        token_ids: Sequence[int] = (),
     ) -> None: ...
 
     async def append(
@@ -160,6 +176,21 @@ class EventStore(Protocol):
     async def replicas(self) -> list[Replica]: ...
 
     async def release(self, replica_id: str) -> None: ...
+
+    # Takeover (``app.takeover``) and cross-replica cancel.
+
+    async def claim(self, response_id: str, from_owner: str | None, to_owner: str) -> int | None:
+        """Move an unfinished response from ``from_owner`` to ``to_owner`` (epoch + 1, which
+        fences the old owner's appends out); the new epoch, or None if the claim was lost."""
+        ...
+
+    async def output_tokens(self, response_id: str) -> list[int]:
+        """The output token ids behind the logged events (each append's ``token_ids``)."""
+        ...
+
+    async def request_cancel(self, response_id: str) -> bool: ...
+
+    async def cancel_requests(self, owner: str) -> list[str]: ...
 
     # API keys (``app.keys``): only the SHA-256 of a key is stored.
 

@@ -7,6 +7,7 @@ afterwards); ``test_stores.py`` does so for memory, SQLite and PostgreSQL.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import math
 from collections.abc import Callable
@@ -591,6 +592,46 @@ class EventStoreContract:
         assert await store.unfinished() == [never_started.id, streaming, queued]
         await store.append(streaming, [incomplete(streaming, 2)], 2)
         assert await store.unfinished() == [never_started.id, queued]
+
+    # -- takeover ---------------------------------------------------------------------------
+
+    async def test_output_token_ids_are_kept_with_the_events_they_produced(self, store: EventStore) -> None:
+        rid = await _started(store)
+        await store.submit(rid, [delta(1, "a"), delta(2, "b")], 1, (7, 8, 9))
+        await store.submit(rid, [delta(3, "c")], 3)  # a write without tokens
+        await store.submit(rid, [delta(4, "d")], 4, (2**32 - 1,))
+        assert await store.output_tokens(rid) == [7, 8, 9, 2**32 - 1]
+        assert await store.output_tokens("resp_nope") == []
+        assert [e.seq for e in await store.load(rid)] == [0, 1, 2, 3, 4]
+
+    async def test_exactly_one_claim_wins_and_the_epoch_goes_up(self, store: EventStore) -> None:
+        new = dataclasses.replace(new_response(), owner="rep_a")
+        await store.create_response(new)
+        await store.append(new.id, [created(new.id)], 0)
+        assert await store.claim(new.id, "rep_other", "rep_b") is None  # not its owner
+        results = await asyncio.gather(
+            store.claim(new.id, "rep_a", "rep_b"), store.claim(new.id, "rep_a", "rep_c")
+        )
+        assert sorted(results, key=lambda r: r is None) == [1, None]
+        row = await store.get(new.id)
+        assert row is not None and row.epoch == 1 and row.owner in ("rep_b", "rep_c")
+        await store.append(new.id, [completed(new.id, 1)], 1)  # the winner writes on
+        assert await store.claim(new.id, row.owner, "rep_d") is None  # ended: nothing to claim
+
+    async def test_cancel_requests_are_recorded_for_the_owner(self, store: EventStore) -> None:
+        new = dataclasses.replace(new_response(background=True), owner="rep_a")
+        await store.create_response(new)
+        await store.append(new.id, [created(new.id)], 0)
+        assert await store.cancel_requests("rep_a") == []
+        assert await store.request_cancel(new.id)
+        assert await store.cancel_requests("rep_a") == [new.id]
+        assert await store.cancel_requests("rep_b") == []
+        row = await store.get(new.id)
+        assert row is not None and row.cancel_requested_at is not None
+        await store.append(new.id, [failed(new.id, 1)], 1)
+        assert await store.cancel_requests("rep_a") == []
+        assert not await store.request_cancel(new.id)  # ended
+        assert not await store.request_cancel("resp_nope")
 
     # -- secrets ----------------------------------------------------------------------------
 
