@@ -247,6 +247,21 @@ async def health(request: Request) -> Response:
     return JSONResponse({"status": "unavailable", "reason": reason}, status_code=503)
 
 
+async def live(request: Request) -> Response:
+    """Liveness (Kubernetes ``livenessProbe``): 200 while the process answers HTTP at all."""
+    return JSONResponse({"status": "ok"})
+
+
+async def ready(request: Request) -> Response:
+    """Readiness (a load balancer's health check, Kubernetes ``readinessProbe``): 200 when this
+    replica takes new responses; 503 while it starts, drains (SIGTERM, ``app.drain``), or
+    cannot use its engine or database."""
+    state = request.app.state
+    if getattr(state, "ready", False) and _service(request).drain.draining:
+        return JSONResponse({"status": "draining"}, status_code=503)
+    return await health(request)
+
+
 routes = [
     Route("/v1/responses", guard(create_response), methods=["POST"]),
     # scoped: another project's response is 404, exactly like a missing one (app.ownership);
@@ -258,4 +273,6 @@ routes = [
     Route("/v1/responses/{response_id}/events", guard(scoped(list_events, audit=True)), methods=["GET"]),
     Route("/v1/models", guard(list_models), methods=["GET"]),
     Route("/health", guard(health), methods=["GET"]),
+    Route("/health/live", guard(live), methods=["GET"]),
+    Route("/health/ready", guard(ready), methods=["GET"]),
 ]

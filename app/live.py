@@ -149,6 +149,12 @@ class Run:
     error: BaseException | None = None
     #: Some of its events were durable and published.
     published: bool = False
+    #: It stopped here without ending its log because another replica goes on with it (a
+    #: takeover fenced this one out, or a drain handed it over): streams follow the log.
+    handed_off: bool = False
+    #: Why it is being stopped short (a drain with no replica to hand it to): it ends
+    #: ``incomplete`` with this reason.
+    stop_reason: str | None = None
 
     def subscribe(self, limit_bytes: int | None = None) -> Subscription:
         queue = Subscription(limit_bytes)
@@ -205,15 +211,21 @@ class LogWriter:
     def __init__(
         self,
         run: Run,
-        submit: Callable[[str, Sequence[StoredEvent], int, Done], None] | None,
+        submit: Callable[[str, Sequence[StoredEvent], int, Done, Sequence[int]], None] | None,
         backlog: Backlog | None = None,
+        *,
+        next_seq: int = 0,
     ) -> None:
+        """``next_seq``: the log's length when this writer takes over (a takeover goes on with
+        an existing log)."""
         self._run = run
         self._submit_fn = submit
         self._shared = backlog if backlog is not None else Backlog()
         self._events: list[StoredEvent] = []
         self._frames: list[bytes] = []
-        self._next_seq = 0
+        #: Output token ids fed since the last hand-over: they go with the next events.
+        self._tokens: list[int] = []
+        self._next_seq = next_seq
         self._inflight = False
         self._idle = asyncio.Event()
         self._idle.set()
@@ -248,8 +260,12 @@ class LogWriter:
             self._progress.clear()
             await self._progress.wait()
 
-    def push(self, events: Sequence[Event]) -> None:
-        """Queue events for the log; they are committed with the next group commit."""
+    def push(self, events: Sequence[Event], token_ids: Sequence[int] = ()) -> None:
+        """Queue events for the log; they are committed with the next group commit.
+        ``token_ids``: the output tokens that produced them (a token that produced no event
+        yet goes with the next events: the log never holds an event without its tokens)."""
+        if token_ids and self._submit_fn is not None:
+            self._tokens.extend(token_ids)
         if not events:
             return
         if self.error is not None:
@@ -279,8 +295,9 @@ class LogWriter:
             return
         self._inflight = True
         self._idle.clear()
+        tokens, self._tokens = self._tokens, []
         # the store calls back later, from its commit (never from inside this call)
-        self._submit_fn(self._run.id, events, self._next_seq, functools.partial(self._durable, batch))
+        self._submit_fn(self._run.id, events, self._next_seq, functools.partial(self._durable, batch), tokens)
         self._next_seq += len(events)
         if self._after:  # everything pushed before them is handed over now
             after, self._after = self._after, []

@@ -37,6 +37,7 @@ from app.reasoning_crypto import ReasoningCipher, new_key
 from app.service import ResponseService
 from app.settings import Settings
 from domain.errors import DomainError
+from persistence.doorbell import doorbell_for
 from persistence.errors import StoreError
 from persistence.store import EventStore
 
@@ -115,7 +116,18 @@ def create_app(
             key = base64.b64decode(settings.reasoning_key)
         else:
             key = await the_store.get_or_create_secret("reasoning_key", new_key)
-        service = ResponseService(settings, the_store, the_engine, load_encoding(), ReasoningCipher(key))
+        # Replicas hear of each other's commits, cancels and departures through it
+        # (PostgreSQL's LISTEN/NOTIFY; within this process on SQLite)
+        doorbell = getattr(the_store, "doorbell", None)
+        own_doorbell = doorbell is None
+        if doorbell is None:
+            doorbell = doorbell_for(settings.database_url)
+            await doorbell.start()
+            if hasattr(the_store, "doorbell"):
+                the_store.doorbell = doorbell
+        service = ResponseService(
+            settings, the_store, the_engine, load_encoding(), ReasoningCipher(key), doorbell=doorbell
+        )
         app.state.service = service
         if settings.database_url.startswith("sqlite"):
             try:  # SQLite serves one process: refuse to be a second one
@@ -147,7 +159,7 @@ def create_app(
                         log.warning(
                             "closed %d response(s) left in progress by a previous process", len(closed)
                         )
-        service.repairs.start()
+        service.start()
         if settings.gc_threshold is not None:
             tune_gc(settings.gc_threshold)
         app.state.ready = True
@@ -156,6 +168,10 @@ def create_app(
         finally:
             app.state.ready = False
             await service.shutdown()
+            if own_doorbell:
+                if hasattr(the_store, "doorbell"):
+                    the_store.doorbell = None
+                await doorbell.close()
             if engine is None:  # an engine handed in belongs to the caller
                 await the_engine.stop()
             if own_store:

@@ -25,7 +25,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from app.leases import live_ids
@@ -71,11 +71,15 @@ class Repairs:
         replica: Replica | None = None,
         lease_s: float = 3.0,
         heartbeat_s: float = 1.0,
+        take_over: Callable[[str, str | None, str], Awaitable[bool]] | None = None,
     ) -> None:
         """``replica``: this process's identity (``app.leases``); with it the loop renews its
         lease every ``heartbeat_s`` and sweeps every ``lease_s`` for orphaned responses (whose
         owner is not alive), and recovery touches nothing a live replica owns. Without it
-        (tests of the loop alone) recovery closes every unfinished response not live here."""
+        (tests of the loop alone) recovery closes every unfinished response not live here.
+        ``take_over(response_id, owner, why)``: what is done with an orphan instead of closing
+        it (``app.takeover``: claim it, continue it or close it)."""
+        self._take_over = take_over
         self._store = store
         self._interval_s = interval_s
         self._new_id = new_id
@@ -125,7 +129,11 @@ class Repairs:
                 continue
             error = {"code": "server_error", "message": message}
             try:
-                if not await self.close(response_id, error, None):
+                if self._take_over is not None:
+                    row = await self._store.get(response_id)
+                    if row is None or not await self._take_over(response_id, row.owner, message):
+                        continue
+                elif not await self.close(response_id, error, None):
                     continue
             except StoreUnavailable:
                 raise
@@ -133,12 +141,18 @@ class Repairs:
                 log.exception("response %s: could not be closed at start-up", response_id)
                 continue
             closed.append(response_id)
-            log.warning("response %s: closed, nobody was generating it (%s)", response_id, message)
+            if self._take_over is None:
+                log.warning("response %s: closed, nobody was generating it (%s)", response_id, message)
         self._recovery_pending = False
         return closed
 
     def schedule_recovery(self) -> None:
         self._recovery_pending = True
+        self._wake.set()
+
+    def sweep_now(self) -> None:
+        """Sweep for orphans at once (a replica released its lease: its responses wait)."""
+        self._last_sweep = float("-inf")
         self._wake.set()
 
     # -- closing one log -----------------------------------------------------------------------
@@ -204,7 +218,7 @@ class Repairs:
         try:
             if self._recovery_pending:
                 await self.recover()
-            elif self._replica is not None and now - self._last_sweep >= self._lease_s:
+            elif self._replica is not None and now - self._last_sweep >= self._heartbeat_s:
                 await self.recover("the server generating it stopped")
             for response_id, (error, skeleton) in list(self._stranded.items()):
                 try:

@@ -16,11 +16,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import dataclasses
 import functools
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -28,7 +29,8 @@ from openai_harmony import HarmonyEncoding
 
 from app import offload
 from app.chunked_render import ChunkedEncoding, is_panic, text_size_over
-from app.engines.protocol import Engine, EngineError, PromptTooLong, Sampling
+from app.drain import Drain
+from app.engines.protocol import Engine, EngineChunk, EngineError, PromptTooLong, Sampling
 from app.errors import APIError, not_found
 from app.leases import new_replica
 from app.live import (
@@ -42,17 +44,20 @@ from app.live import (
     stored_frames,
 )
 from app.reasoning_crypto import ReasoningCipher
+from app.remote_cancel import RemoteCancels
 from app.repair import STORE_UNAVAILABLE, Repairs, store_unavailable_error
 from app.settings import Settings
+from app.takeover import TAKEOVER_FAILED, GenerationSpec, Resumed, Takeovers
 from app.wire import CreateResponse
 from domain.builder import ResponseBuilder, TerminalStatus, Usage
 from domain.decoder import DecodeResult, HarmonyDecoder
 from domain.events import TERMINAL_TYPES
 from domain.projections import fold, from_wire, output_as_input
 from domain.prompt import PromptRequest, RenderedPrompt, render_prompt
-from persistence.errors import NotFound, StoreError, StoreUnavailable
+from persistence.doorbell import Doorbell, LocalDoorbell
+from persistence.errors import Fenced, NotFound, StoreError, StoreUnavailable
 from persistence.records import DEFAULT_PROJECT, AuditRecord, NewResponse, StoredEvent
-from persistence.store import EventStore
+from persistence.store import REPLICAS_CHANNEL, EventStore
 
 __all__ = ["ResponseService", "new_id", "normalize_input"]
 
@@ -134,7 +139,10 @@ class ResponseService:
         engine: Engine,
         encoding: HarmonyEncoding,
         cipher: ReasoningCipher,
+        doorbell: Doorbell | None = None,
     ) -> None:
+        """``doorbell``: how this replica hears of other replicas' commits, cancels and leases
+        (``persistence.doorbell``; the store's own if it has one, else one for this process)."""
         self.settings = settings
         self.store = store
         self.engine = engine
@@ -146,6 +154,9 @@ class ResponseService:
         #: Closes logs the database could not take when they ended (``app.repair``).
         #: This process as a replica: the owner of every response it creates (``app.leases``).
         self.replica = new_replica()
+        self.doorbell: Doorbell = doorbell or getattr(store, "doorbell", None) or LocalDoorbell()
+        #: Orphaned responses, claimed and continued here (``app.takeover``).
+        self.takeovers = Takeovers(self, mode=settings.takeover, new_id=new_id)
         self.repairs = Repairs(
             store,
             interval_s=settings.repair_interval_s,
@@ -154,7 +165,17 @@ class ResponseService:
             replica=self.replica,
             lease_s=settings.lease_s,
             heartbeat_s=settings.heartbeat_s,
+            take_over=self.takeovers.take,
         )
+        #: Cancels asked through other replicas of responses generated here (``app.remote_cancel``).
+        self.remote_cancels = RemoteCancels(store, self.doorbell, self.replica.id, self._cancel_here)
+        #: SIGTERM: finish, hand over or end what runs here (``app.drain``).
+        self.drain = Drain(settings.drain_s)
+        #: Whether other processes share the database (PostgreSQL): replicas, hand-overs.
+        self.store_is_shared = settings.database_url.startswith("postgresql")
+        #: SSE streams being served now.
+        self.open_streams = 0
+        self._replicas_task: asyncio.Task[None] | None = None
 
     # -- models ----------------------------------------------------------------------------------
 
@@ -177,6 +198,17 @@ class ResponseService:
 
     # -- create ----------------------------------------------------------------------------------
 
+    def check_accepting(self) -> None:
+        """Refuse a new response while draining (503: a balancer retries it elsewhere)."""
+        if self.drain.draining:
+            raise APIError(
+                503,
+                "This server is shutting down and takes no new responses; retry on another one.",
+                type="server_error",
+                code="server_draining",
+                headers={"Retry-After": "1"},
+            )
+
     def check_writable(self) -> None:
         """Refuse a write at once (503, Retry-After) while the database cannot take writes,
         rather than letting it wait out the store's retry time and fail then."""
@@ -194,6 +226,7 @@ class ResponseService:
     ) -> Run:
         """``project``: whose response it is (and the only project its ``previous_response_id``
         chain may come from); ``api_key_id``: the key that asked for it."""
+        self.check_accepting()
         model = self.resolve_model(request.model)
         if request.background and not request.store:
             raise APIError(
@@ -241,36 +274,37 @@ class ResponseService:
                 raise APIError(400, f"The request cannot be stored: {exc}.", code="invalid_value") from None
             stored.add_done_callback(_retrieve)  # its failure is reported through the run
             self._live[response_id] = run
+        spec = GenerationSpec.of(rendered, sampling, encrypt_reasoning=request.include_encrypted_reasoning)
         builder = ResponseBuilder(
-            skeleton,
-            new_id=new_id,
-            encrypt_reasoning=self.cipher.encrypt if request.include_encrypted_reasoning else None,
+            skeleton, new_id=new_id, encrypt_reasoning=self.cipher.encrypt if spec.encrypt_reasoning else None
         )
         # Made once response.created is out: a named tool_choice's prefill opens the call item.
-        new_decoder = functools.partial(
-            HarmonyDecoder,
-            self.encoding,
-            builder,
-            custom_tools=rendered.custom_names,
-            prefill=rendered.prefill.token_ids if rendered.prefill else (),
-            function_names={
-                t.model_name: (t.name, t.namespace)
-                for t in rendered.tools
-                if t.type == "function" and t.namespace is not None
-            },
-        )
+        new_decoder = functools.partial(spec.decoder, self.encoding, builder)
         if request.stream:
             run.first_queue = run.subscribe()  # before the first event can be published
-        forced_call = rendered.prefill is not None
-        task = asyncio.create_task(
+        self.launch(
+            run,
             self._generate(
-                run, builder, new_decoder, prompt_ids, sampling, forced_call=forced_call, skeleton=skeleton
-            )
+                run,
+                builder,
+                new_decoder,
+                prompt_ids,
+                sampling,
+                forced_call=spec.forced_call,
+                skeleton=skeleton,
+                generation=spec.to_json(),
+            ),
         )
+        return run
+
+    def launch(self, run: Run, generation: Coroutine[Any, Any, None]) -> None:
+        """Start ``run``'s generation task (its log's only writer here)."""
+        if run.store:
+            self._live[run.id] = run
+        task = asyncio.create_task(generation)
         run.task = task
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-        return run
 
     async def _history(self, previous_response_id: str, project: str) -> list[dict[str, Any]]:
         try:
@@ -384,43 +418,74 @@ class ResponseService:
         *,
         forced_call: bool = False,
         skeleton: dict[str, Any] | None = None,
+        generation: dict[str, Any] | None = None,
+        resumed: Resumed | None = None,
     ) -> None:
         """``forced_call``: ``tool_choice`` was ``required`` or named, so a turn that ends without
         calling a tool is not accepted as an answer: it ends ``failed`` (its text is kept).
+        ``generation``: how to continue it (``app.takeover``), kept with the prompt's audit record.
+        ``resumed``: a takeover going on with an existing log (``app.takeover``): its builder and
+        decoder are where the log ended, and the engine continues after the logged tokens.
 
         While the database is failing, generation pauses whenever this response has events
         waiting for a commit (the store retries it); if the store gives up, the run ends with
         ``run.error``, its streams with an ``error`` event, and the repair loop closes the log."""
-        writer = LogWriter(run, self.store.submit_then if run.store else None, self._backlog)
+        writer = LogWriter(
+            run,
+            self.store.submit_then if run.store else None,
+            self._backlog,
+            next_seq=resumed.next_seq if resumed is not None else 0,
+        )
         health = self.store.health
         finish_reason: str | None = None
         engine_error: str | None = None
         cached = 0
         output_ids: list[int] = []
         prompt_audit: asyncio.Future[None] | None = None
+        engine_prompt: Sequence[int] = prompt_ids
         try:
-            builder.created(queued=run.background)
-            created = builder.take()
-            # what the POST of a background response answers with, once durable (no copy: the
-            # event is immutable); run.created is set when these are published
-            run.created_response = created[-1].response  # type: ignore[union-attr]
-            writer.push(created)
-            if run.background:  # the POST answers with the snapshot: wait before generating
-                await writer.drain()
-            builder.in_progress()
-            decoder = new_decoder()
-            writer.push(builder.take())
-            prompt_audit = (  # written while the engine runs, not before it starts
-                self._submit_audit(run.id, [AuditRecord("prompt_token_ids", tuple(prompt_ids))])
-                if run.store
-                else None
-            )
+            if resumed is None:
+                builder.created(queued=run.background)
+                created = builder.take()
+                # what the POST of a background response answers with, once durable (no copy:
+                # the event is immutable); run.created is set when these are published
+                run.created_response = created[-1].response  # type: ignore[union-attr]
+                writer.push(created)
+                if run.background:  # the POST answers with the snapshot: wait before generating
+                    await writer.drain()
+                builder.in_progress()
+                decoder = new_decoder()
+                writer.push(builder.take())
+                prompt_audit = (  # written while the engine runs, not before it starts
+                    self._submit_audit(
+                        run.id, [AuditRecord("prompt_token_ids", tuple(prompt_ids), generation)]
+                    )
+                    if run.store
+                    else None
+                )
+            else:
+                decoder = resumed.decoder
+                output_ids.extend(resumed.tokens)
+                writer.push(resumed.pending)
+                prompt_audit = self._submit_audit(run.id, [resumed.audit])
+                finish_reason = resumed.finish_reason  # set when nothing is left to generate
+                engine_prompt = [*prompt_ids, *resumed.tokens]
+                sampling = dataclasses.replace(
+                    sampling,
+                    generated=len(resumed.tokens),
+                    max_tokens=None if sampling.max_tokens is None else sampling.max_tokens - len(resumed.tokens),
+                )
             try:
-                async for chunk in self.engine.generate(prompt_ids, sampling, run.engine_request_id):
+                chunks = (
+                    self.engine.generate(engine_prompt, sampling, run.engine_request_id)
+                    if finish_reason is None
+                    else _no_chunks()
+                )
+                async for chunk in chunks:
                     if chunk.token_ids:
                         output_ids.extend(chunk.token_ids)
                         decoder.feed(chunk.token_ids)
-                        writer.push(builder.take())
+                        writer.push(builder.take(), chunk.token_ids)
                         if (
                             self._backlog.total >= _BACKLOG_BUDGET or health.failing
                         ) and writer.backlog >= _MIN_BACKLOG:
@@ -447,6 +512,13 @@ class ResponseService:
                     "response %s: recovered malformed model output (%s)", run.id, "; ".join(result.notes)
                 )
             status, error, reason = self._outcome(run, finish_reason, engine_error)
+            if resumed is not None and error is not None and len(output_ids) == len(resumed.tokens):
+                # the engine would not go on with it (it refused the continuation)
+                error = {
+                    "code": TAKEOVER_FAILED,
+                    "message": f"{resumed.audit.detail and resumed.audit.detail['reason']}, and this "
+                    f"server's engine could not continue it: {error['message']}",
+                }
             if status == "completed" and forced_call and result.calls == 0:
                 status, error = "failed", {
                     "code": "server_error",
@@ -488,6 +560,14 @@ class ResponseService:
         except BaseException as exc:  # a Rust panic (openai-harmony) is not an Exception
             if isinstance(exc, KeyboardInterrupt | SystemExit):
                 raise
+            if isinstance(exc, Fenced | NotFound) and run.store:
+                # taken over by another replica (it goes on with the log), or deleted: stop
+                # generating, write nothing; this replica's streams follow the log
+                log.warning("response %s: stopped here (%s)", run.id, exc)
+                run.handed_off = True
+                with contextlib.suppress(Exception):
+                    await self.engine.abort(run.engine_request_id)
+                return
             if isinstance(exc, StoreUnavailable):
                 log.error("response %s: stopped, the database is unavailable (%s)", run.id, exc.reason)
             else:
@@ -537,6 +617,8 @@ class ResponseService:
             return "incomplete", None, "max_output_tokens"
         if finish_reason == "abort" and run.cancel_requested:
             return "cancelled", None, None
+        if finish_reason == "abort" and run.stop_reason is not None:
+            return "incomplete", None, run.stop_reason
         message = engine_error or "generation was aborted"
         return "failed", {"code": "server_error", "message": message}, None
 
@@ -577,6 +659,7 @@ class ResponseService:
             run = self._live.get(response_id)
             queue = run.subscribe(limit if run.store else None) if run is not None else None
         sent = after
+        self.open_streams += 1
         try:
             while True:
                 if read_store:
@@ -599,6 +682,8 @@ class ResponseService:
                     break
                 assert run is not None
                 if run.finished.is_set() and queue.empty():
+                    if run.handed_off:
+                        break  # another replica goes on with it: follow the log
                     yield self._run_error_frame(run, sent)
                     return
                 try:
@@ -616,24 +701,56 @@ class ResponseService:
                     yield b"".join(frames[skip:] if skip > 0 else frames)
                 if batch.terminal:
                     if not frames:  # the run stopped without a terminal event
+                        if run.handed_off:
+                            break
                         yield self._run_error_frame(run, sent)
                     return
-            while True:  # written by another process, or to be closed by the repair loop
-                await asyncio.sleep(0.1)
-                events = await self._load(response_id, sent, None)
-                if events:
-                    sent = events[-1].seq
-                    yield stored_frames(events)
-                    if events[-1].type in TERMINAL_TYPES:
-                        return
+            # written by another process, or to be closed by the repair loop
+            async for frames_or_end in self._follow(response_id, sent):
+                if isinstance(frames_or_end, bytes):
+                    yield frames_or_end
+                    continue
+                sent = frames_or_end
         except StoreUnavailable as exc:
             yield error_frame(sent + 1, STORE_UNAVAILABLE, f"The database is unavailable: {exc.reason}")
         except StoreError:
             log.exception("response %s: stream read failed", response_id)
             yield error_frame(sent + 1, "server_error", "The server could not read this response.")
         finally:
+            self.open_streams -= 1
             if run is not None and queue is not None:
                 run.unsubscribe(queue)
+
+    async def _follow(self, response_id: str, after: int) -> AsyncIterator[bytes | int]:
+        """The log after ``after`` as another replica (or the repair loop) writes it: SSE bytes,
+        each followed by the last seq they hold (an ``int``), until the terminal event. Woken
+        by the doorbell the writer rings after each commit; polled too (every second, or every
+        100 ms while the doorbell is down), so a lost ring delays, never loses. A log deleted
+        meanwhile, or a server shutting down, ends it with an ``error`` event."""
+        sent = after
+        with self.doorbell.listen(response_id) as bell:
+            while True:
+                events = await self._load(response_id, sent, _PAGE)
+                if events:
+                    sent = events[-1].seq
+                    yield stored_frames(events)
+                    yield sent
+                    if events[-1].type in TERMINAL_TYPES:
+                        return
+                    if len(events) == _PAGE:
+                        continue
+                elif await self.store.get(response_id) is None:
+                    yield error_frame(sent + 1, "not_found", f"Response '{response_id}' was deleted.")
+                    return
+                if self.drain.streams_over():
+                    yield error_frame(
+                        sent + 1,
+                        "server_shutting_down",
+                        "This server is shutting down; resume the stream on another one "
+                        f"(GET /v1/responses/{response_id}?stream=true&starting_after={sent}).",
+                    )
+                    return
+                await bell.wait(1.0 if self.doorbell.connected else 0.1)
 
     async def _load(self, response_id: str, after: int, limit: int | None) -> list[StoredEvent]:
         """A read for a stream: while the database is unavailable, retried for up to the
@@ -705,13 +822,21 @@ class ResponseService:
             raise APIError(400, "Only responses created with background=true can be cancelled.", code="invalid_request")
         run = self._live.get(response_id)
         if run is not None and not run.finished.is_set():
-            run.cancel_requested = True
-            await self.engine.abort(run.engine_request_id)
+            await self._cancel_here(response_id)
             await run.finished.wait()
-            return await self.get(response_id)
+            if not run.handed_off:
+                return await self.get(response_id)
+        elif row.status not in _TERMINAL_STATUSES and await self.remote_cancels.request(response_id, row.owner):
+            # generated by another replica: its owner is asked; follow the log to its end
+            await self._wait_terminal(response_id)
         response = await self.get(response_id)
         if response["status"] in ("queued", "in_progress"):
-            raise APIError(409, f"Response '{response_id}' is being generated by another server.", code="conflict")
+            raise APIError(
+                409,
+                f"Response '{response_id}' is being generated by another server, which has not "
+                "acted on the cancel yet; it will be cancelled when it does.",
+                code="conflict",
+            )
         if response["status"] != "cancelled":
             raise APIError(
                 400,
@@ -729,7 +854,30 @@ class ResponseService:
             await run.finished.wait()
         if not await self.store.delete(response_id):
             raise not_found("Response", response_id)
+        # its followers anywhere learn it is gone; a replica generating it is fenced out by its
+        # next commit (the row it appends to is gone) and stops
+        self.doorbell.ring(response_id)
         return {"id": response_id, "object": "response.deleted", "deleted": True}
+
+    async def _cancel_here(self, response_id: str) -> bool:
+        """Cancel a response this replica generates (without waiting for its end)."""
+        run = self._live.get(response_id)
+        if run is None or run.finished.is_set():
+            return False
+        run.cancel_requested = True
+        await self.engine.abort(run.engine_request_id)
+        return True
+
+    async def _wait_terminal(self, response_id: str, timeout_s: float = 10.0) -> None:
+        """Follow ``response_id``'s log until its terminal event (or ``timeout_s``)."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                with self.doorbell.listen(response_id) as bell:
+                    while True:
+                        row = await self.store.get(response_id)
+                        if row is None or row.status in _TERMINAL_STATUSES:
+                            return
+                        await bell.wait(1.0 if self.doorbell.connected else 0.05)
 
     async def abort_unread(self, run: Run) -> None:
         """A ``store=false`` stream's client went away: nobody can read the answer, stop it."""
@@ -740,7 +888,47 @@ class ResponseService:
 
     # -- start-up and shutdown -------------------------------------------------------------------
 
+    def start(self) -> None:
+        """The background work of a running replica: the repair loop (heartbeat, sweeps,
+        takeovers), cancels asked elsewhere, and sweeps when another replica leaves."""
+        self.repairs.start()
+        self.remote_cancels.start()
+        if self._replicas_task is None:
+            self._replicas_task = asyncio.create_task(self._watch_replicas(), name="app.replicas")
+
+    async def _watch_replicas(self) -> None:
+        with self.doorbell.listen(REPLICAS_CHANNEL) as bell:
+            while True:
+                if await bell.wait(60.0):
+                    self.repairs.sweep_now()
+
+    def live_runs(self) -> list[Run]:
+        return [run for run in self._live.values() if not run.finished.is_set()]
+
+    async def hand_off(self, runs: Sequence[Run]) -> None:
+        """Stop generating ``runs`` here without ending their logs, and release this replica's
+        lease so that the others take them over at once (a drain)."""
+        await self.repairs.stop()  # no more heartbeats: the lease must not come back
+        for run in runs:
+            run.handed_off = True
+            if run.task is not None:
+                run.task.cancel()
+        await asyncio.gather(*(run.finished.wait() for run in runs))
+        await self.store.release(self.replica.id)
+
+    async def stop_runs(self, runs: Sequence[Run], reason: str) -> None:
+        """End ``runs`` now, ``response.incomplete`` with ``reason``."""
+        for run in runs:
+            run.stop_reason = reason
+            await self.engine.abort(run.engine_request_id)
+        await asyncio.gather(*(run.finished.wait() for run in runs))
+
     async def shutdown(self) -> None:
+        if self._replicas_task is not None:
+            self._replicas_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._replicas_task
+        await self.remote_cancels.stop()
         await self.repairs.stop()
         for run in list(self._live.values()):
             await self.engine.abort(run.engine_request_id)
@@ -774,6 +962,12 @@ def _render_checked(encoding: Any, prompt: PromptRequest, vocab_size: int) -> Re
             token = next(t for t in piece if not 0 <= t < vocab_size)
             raise EngineError(f"prompt token id {token} is outside the vocabulary")
     return rendered
+
+
+async def _no_chunks() -> AsyncIterator[EngineChunk]:
+    """A taken-over response with nothing left to generate."""
+    return
+    yield  # an async generator
 
 
 def _retrieve(future: asyncio.Future[None]) -> None:

@@ -35,6 +35,13 @@ def _gc_threshold(value: str) -> tuple[int, int, int] | None:
     return parts[0], parts[1], parts[2]
 
 
+def _takeover(value: str) -> str:
+    mode = value.strip().lower()
+    if mode not in ("continue", "fail"):
+        raise ValueError(f"RESPONSES_LEDGER_TAKEOVER: {value!r} is not continue or fail")
+    return mode
+
+
 #: What ``responses-ledger serve`` sets unless told otherwise (see ``Settings.gc_threshold``).
 SERVE_GC_THRESHOLD = (50_000, 50, 1_000)
 
@@ -90,6 +97,14 @@ class Settings:
     lease_s: float = 3.0
     #: How often a replica renews its lease.
     heartbeat_s: float = 1.0
+    #: What a replica does with an orphaned response (its owner died or lost its lease, or the
+    #: previous process on this database stopped): ``continue`` generating it from its log
+    #: (``app.takeover``), or ``fail`` it (``response.failed``).
+    takeover: str = "continue"
+    #: On SIGTERM: how long in-flight responses may take to finish before they are handed to
+    #: the other replicas (or, alone, ended ``incomplete``); and as long again for the streams
+    #: this replica serves to follow the handed-over responses to their end.
+    drain_s: float = 30.0
     #: Largest request body accepted, in bytes (413 above).
     max_body_bytes: int = 16 * 1024 * 1024
     #: HTTP limits (see ``app.transport``). The whole request head must arrive within this many
@@ -171,6 +186,8 @@ class Settings:
             "RESPONSES_LEDGER_REPAIR_INTERVAL_S": ("repair_interval_s", float),
             "RESPONSES_LEDGER_LEASE_S": ("lease_s", float),
             "RESPONSES_LEDGER_HEARTBEAT_S": ("heartbeat_s", float),
+            "RESPONSES_LEDGER_TAKEOVER": ("takeover", _takeover),
+            "RESPONSES_LEDGER_DRAIN_S": ("drain_s", float),
             "RESPONSES_LEDGER_HTTP_HEADER_TIMEOUT_S": ("http_header_timeout_s", float),
             "RESPONSES_LEDGER_HTTP_KEEP_ALIVE_S": ("http_keep_alive_s", float),
             "RESPONSES_LEDGER_HTTP_MAX_HEAD_BYTES": ("http_max_head_bytes", int),

@@ -58,6 +58,7 @@ import json
 import logging
 import os
 import resource
+import signal
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -529,6 +530,26 @@ class Server(uvicorn.Server):
         await super().startup(sockets)
         self.connections.size(len(self.server_state.connections))
 
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        """The first SIGTERM drains (``app.drain``) before uvicorn's own shutdown; another
+        signal (or SIGINT) is uvicorn's: stop now."""
+        service = _service_of(self.config.app)
+        if sig != signal.SIGTERM or self._draining or service is None or not self.started:
+            super().handle_exit(sig, frame)
+            return
+        self._draining = True
+        loop = asyncio.get_event_loop()
+        loop.call_soon_threadsafe(lambda: loop.create_task(self._drain(service), name="app.drain"))
+
+    async def _drain(self, service: Any) -> None:
+        try:
+            await service.drain.run(service)
+        except Exception:
+            logging.getLogger(__name__).exception("drain failed; shutting down")
+        self.should_exit = True
+
+    _draining = False
+
 
 def server(
     app: Any, settings: Settings, *, host: str | None = None, port: int | None = None, log_level: str | None = None
@@ -551,6 +572,12 @@ def server(
         h11_max_incomplete_event_size=limits.max_head_bytes,
     )
     return Server(config)
+
+
+def _service_of(app: Any) -> Any:
+    """The ``ResponseService`` of the Starlette app uvicorn serves, once started."""
+    state = getattr(app, "state", None)
+    return getattr(state, "service", None) if state is not None else None
 
 
 def bounded_send(scope: Any, send: Send) -> Send:

@@ -23,7 +23,9 @@ class _Store:
         self.calls: list[str] = []
         self.pending: list[Done | asyncio.Future[None]] = []
 
-    def submit_then(self, response_id: str, events: Sequence[StoredEvent], expected_seq: int, done: Done) -> None:
+    def submit_then(
+        self, response_id: str, events: Sequence[StoredEvent], expected_seq: int, done: Done, token_ids: Sequence[int] = ()
+    ) -> None:
         self.calls.append(f"events {events[0].seq}-{events[-1].seq}")
         self.pending.append(done)
 

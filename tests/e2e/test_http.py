@@ -293,9 +293,9 @@ class _SlowRecordingStore(MemoryStore):
         future.add_done_callback(settle)
         return slow
 
-    def submit(self, response_id: str, events: Any, expected_seq: int) -> asyncio.Future[None]:
+    def submit(self, response_id: str, events: Any, expected_seq: int, token_ids: Any = ()) -> asyncio.Future[None]:
         self.order.extend(e.type for e in events)
-        return self._later(super().submit(response_id, events, expected_seq))
+        return self._later(super().submit(response_id, events, expected_seq, token_ids))
 
     def submit_audit(self, response_id: str, records: Any) -> asyncio.Future[None]:
         self.order.extend(f"audit:{r.kind}" for r in records)

@@ -15,7 +15,7 @@ import pytest
 
 from app.leases import SingleProcessOnly, alive, check_single_process, new_replica
 from persistence.records import Replica
-from tests.e2e.conftest import harmony
+from tests.e2e.conftest import harmony, sse_events
 from tests.support.postgres import create_database, drop_database, unavailable
 from tests.support.process import ServerDidNotStart, ServerProcess
 
@@ -122,11 +122,13 @@ def test_a_server_starting_beside_a_streaming_one_fails_none_of_its_responses(
 
 
 @pytest.mark.postgres
-def test_a_killed_replicas_responses_are_closed_by_a_survivor(
-    tmp_path: Path, pg_url: str, processes: list[ServerProcess]
+@pytest.mark.parametrize("takeover", ["continue", "fail"])
+def test_a_killed_replicas_response_is_taken_over_by_a_survivor(
+    tmp_path: Path, pg_url: str, processes: list[ServerProcess], takeover: str
 ) -> None:
-    a = ServerProcess(tmp_path, "a", pg_url, {"turns": [SLOW]}, env=FAST_LEASES)
-    b = ServerProcess(tmp_path, "b", pg_url, {"turns": []}, env=FAST_LEASES)
+    env = {**FAST_LEASES, "RESPONSES_LEDGER_TAKEOVER": takeover}
+    a = ServerProcess(tmp_path, "a", pg_url, {"turns": [SLOW]}, env=env)
+    b = ServerProcess(tmp_path, "b", pg_url, {"turns": [SLOW]}, env=env)
     processes.extend([a, b])
     rid = _background(a.base_url)
     while _status(a.base_url, rid)["status"] != "in_progress":
@@ -134,20 +136,21 @@ def test_a_killed_replicas_responses_are_closed_by_a_survivor(
     time.sleep(0.3)
     a.kill()
     killed = time.monotonic()
-    while _status(b.base_url, rid)["status"] == "in_progress":
-        assert time.monotonic() - killed < 10, "the survivor did not close the orphaned response"
-        time.sleep(0.1)
-    closed = _status(b.base_url, rid)
-    assert closed["status"] == "failed"
-    assert closed["error"] == {
-        "code": "server_error",
-        "message": "the server generating it stopped",
-    }
-    # a follower on the survivor receives the terminal event
-    resumed = httpx.get(
-        f"{b.base_url}/v1/responses/{rid}",
-        params={"stream": "true", "starting_after": 0},
-        timeout=10,
-    )
-    assert resumed.text.rstrip().split("\n")[0].startswith("event:")
-    assert "event: response.failed" in resumed.text
+    # a follower on the survivor, from the start, receives the whole log once, to its end
+    resumed = httpx.get(f"{b.base_url}/v1/responses/{rid}", params={"stream": "true"}, timeout=60)
+    assert time.monotonic() - killed < 30
+    events = sse_events(resumed.content)
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    final = _status(b.base_url, rid)
+    if takeover == "continue":
+        assert events[-1]["type"] == "response.completed"
+        assert final["status"] == "completed"
+        words = " ".join(f"w{i}" for i in range(150))
+        assert final["output"][-1]["content"][0]["text"] == words  # type: ignore[index]
+        audit = httpx.get(f"{b.base_url}/v1/responses/{rid}/events", timeout=10).json()["audit"]
+        (record,) = [x["detail"] for x in audit if x["kind"] == "takeover"]
+        assert record["reason"] == "the server generating it stopped"
+        assert record["from_replica"] != record["to_replica"]
+    else:
+        assert events[-1]["type"] == "response.failed"
+        assert final["error"] == {"code": "server_error", "message": "the server generating it stopped"}

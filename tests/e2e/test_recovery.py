@@ -1,9 +1,11 @@
-"""Issue 6, point 7: restart recovery.
+"""Issue 6, point 7 and issue 15: restart recovery.
 
 A real ``responses-ledger serve`` process (scripted engine, SQLite file) is killed with SIGKILL
-while a background response is streaming; the next process closes that response's log at
-start-up with ``response.failed`` (``server_error``, "the server restarted"), its open item
-closed ``incomplete``, and the stream stays resumable up to that terminal event.
+while a background response is streaming. The next process on that database either continues
+it from its log (``RESPONSES_LEDGER_TAKEOVER=continue``, the default: the same completion, every
+event once, a ``takeover`` audit record), or, set to ``fail``, closes it at start-up with
+``response.failed`` (``server_error``, "the server restarted"), its open item closed
+``incomplete``; either way the stream stays resumable up to its terminal event.
 """
 
 from __future__ import annotations
@@ -47,6 +49,67 @@ def _replay(base_url: str, response_id: str, after: int | None = None) -> list[d
         return sse_events(r.read())
 
 
+def _kill_mid_stream(tmp_path: Path, processes: list[ServerProcess], turn: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
+    """Start a server, stream a background response until 3 deltas are stored, SIGKILL it:
+    the response's id and its log as it was before the kill."""
+    first = ServerProcess(
+        tmp_path, "first", f"sqlite+aiosqlite:///{tmp_path / 'responses.db'}", {"turns": [turn]}, model=MODEL
+    )
+    processes.append(first)
+    resp = httpx.post(
+        first.base_url + "/v1/responses",
+        json={"model": MODEL, "input": "go", "background": True},
+        timeout=30,
+    )
+    assert resp.status_code == 200, resp.text
+    response_id = str(resp.json()["id"])
+    deadline = time.monotonic() + 30
+    while True:
+        before = _events(first.base_url, response_id)
+        if sum(e["type"] == "response.output_text.delta" for e in before) >= 3:
+            break
+        assert time.monotonic() < deadline, "no deltas were stored"
+        time.sleep(0.02)
+    first.kill()
+    return response_id, before
+
+
+def test_a_restarted_server_continues_the_killed_servers_response(
+    tmp_path: Path, processes: list[ServerProcess]
+) -> None:
+    turn = {"completion": harmony(("analysis", REASONING), ("final", WORDS[:600])), "token_delay_ms": 5}
+    response_id, before = _kill_mid_stream(tmp_path, processes, turn)
+    url = f"sqlite+aiosqlite:///{tmp_path / 'responses.db'}"
+    settings = Settings(engine="scripted", database_url=url, served_model_names=(MODEL,))
+    engine = ScriptedEngine(load_encoding(), [MODEL], {"turns": [turn]})
+    with serve(settings, engine=engine) as second:
+        client = OpenAI(base_url=second.base_url + "/v1", api_key="k", max_retries=0, timeout=30)
+        # a follower from the middle of the log gets the continuation, each event once
+        middle = before[-1]["seq"]
+        tail = list(client.responses.retrieve(response_id, stream=True, starting_after=middle))
+        assert [e.sequence_number for e in tail] == list(range(middle + 1, middle + 1 + len(tail)))
+        assert tail[-1].type == "response.completed"
+        response = client.responses.retrieve(response_id)
+        assert response.status == "completed" and response.error is None
+        reasoning, message = response.output
+        assert reasoning.content is not None and reasoning.content[0].text == REASONING
+        assert message.type == "message" and message.status == "completed"
+        assert response.output_text == WORDS[:600]  # the same completion, resumed at the right token
+        log = _events(second.base_url, response_id)
+        assert log[: len(before)] == before
+        assert [e["seq"] for e in log] == list(range(len(log)))
+        full = _replay(second.base_url, response_id)
+        assert check_stream(full)["status"] == "completed"
+        audit = httpx.get(f"{second.base_url}/v1/responses/{response_id}/events", timeout=30).json()["audit"]
+        takeover = [a["detail"] for a in audit if a["kind"] == "takeover"]
+        assert len(takeover) == 1 and takeover[0]["at_seq"] >= len(before)
+        assert takeover[0]["reason"] == "the server restarted"
+        assert response.usage is not None
+        output_ids = next(a["token_ids"] for a in audit if a["kind"] == "output_token_ids")
+        assert len(output_ids) == response.usage.output_tokens
+        assert engine.prompt_count == 1  # one continuation, no new turn taken
+
+
 def test_killed_server_closes_the_response_at_restart(
     tmp_path: Path, processes: list[ServerProcess]
 ) -> None:
@@ -79,7 +142,7 @@ def test_killed_server_closes_the_response_at_restart(
 
     # Start again on the same database: here in-thread (``serve``), the way the e2e fixture runs.
     url = f"sqlite+aiosqlite:///{db}"
-    settings = Settings(engine="scripted", database_url=url, served_model_names=(MODEL,))
+    settings = Settings(engine="scripted", database_url=url, served_model_names=(MODEL,), takeover="fail")
     engine = ScriptedEngine(
         load_encoding(), [MODEL], {"turns": [{"completion": harmony(("final", "Back again."))}]}
     )
