@@ -676,8 +676,10 @@ class ResponseService:
                             break
                     if sent == after and run is None:
                         row = await self.store.get(response_id)
-                        if row is None or row.status in _TERMINAL_STATUSES:
+                        if row is None or (row.status in _TERMINAL_STATUSES and row.last_seq <= sent):
                             return  # nothing after ``after``, and nothing more will come
+                        if row.status in _TERMINAL_STATUSES:
+                            continue  # it ended between the read and now: read its end
                 if queue is None:
                     break
                 assert run is not None

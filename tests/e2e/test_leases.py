@@ -154,3 +154,24 @@ def test_a_killed_replicas_response_is_taken_over_by_a_survivor(
     else:
         assert events[-1]["type"] == "response.failed"
         assert final["error"] == {"code": "server_error", "message": "the server generating it stopped"}
+
+
+@pytest.mark.postgres
+def test_a_response_the_survivor_cannot_continue_ends_takeover_failed(
+    tmp_path: Path, pg_url: str, processes: list[ServerProcess]
+) -> None:
+    a = ServerProcess(tmp_path, "a", pg_url, {"turns": [SLOW]}, env=FAST_LEASES)
+    b = ServerProcess(tmp_path, "b", pg_url, {"turns": [SLOW]}, env=FAST_LEASES, model="another-model")
+    processes.extend([a, b])
+    rid = _background(a.base_url)
+    while _status(a.base_url, rid)["status"] != "in_progress":
+        time.sleep(0.05)
+    a.kill()
+    deadline = time.monotonic() + 20
+    while (final := _status(b.base_url, rid))["status"] == "in_progress":
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert final["status"] == "failed"
+    error = final["error"]
+    assert isinstance(error, dict) and error["code"] == "takeover_failed"
+    assert "does not serve its model 'gpt-oss-process'" in error["message"]
