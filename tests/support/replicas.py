@@ -210,6 +210,11 @@ class Cluster:
                 status = httpx.get(process.base_url + self.health_path, timeout=2).status_code
             except httpx.TransportError:
                 status = None
+            if status == 404:  # never becomes 200: say so now rather than after the timeout
+                raise AssertionError(
+                    f"replica {process.name}: GET {self.health_path} answered 404 "
+                    "(the server has no readiness endpoint)"
+                )
             if status != 200:
                 time.sleep(0.05)
         assert self.balancer is not None
