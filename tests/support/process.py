@@ -10,7 +10,8 @@ with its own log file:
     server.kill()                    # SIGKILL (or server.signal(signal.SIGTERM))
     server.stop()                    # SIGTERM, then SIGKILL after a grace period
 
-``ready="healthy"`` (the default) waits for ``/health`` to answer 200; ``ready="listening"``
+``port=`` gives the port (default: a free one), so a restarted server comes back where a load
+balancer expects it (``tests/support/replicas.py``). ``ready="healthy"`` (the default) waits for ``/health`` to answer 200; ``ready="listening"``
 waits for any HTTP answer from ``/health``, for a server that is expected to start degraded
 (503) on a store it cannot write. The child inherits the test's environment (so ``PYTHONPATH``
 picks the worktree's code) minus the variables that would change what it serves.

@@ -6,7 +6,7 @@ Shared by ``tests/e2e/test_replicas.py`` and ``bench/replicas.py`` (issue 15):
         stream = ClientStream(cluster.url, BODY)      # streamed POST through HAProxy
         stream.start()
         owner = cluster.owners([rid])[rid]            # replica id, from ``responses.owner``
-        cluster.process_of(owner).kill()              # kill -9 that replica
+        cluster.process(cluster.replica_ids()[owner]).kill()   # kill -9 that replica
         stream.join()                                 # it resumed through HAProxy
         check_stream(stream.events)                   # 0..n, each once, one terminal
 
@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import subprocess
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -226,7 +227,7 @@ class Cluster:
         process.signal(signal.SIGTERM)
         try:
             process.proc.wait(timeout=timeout_s)
-        except Exception:
+        except subprocess.TimeoutExpired:
             process.kill()
             raise AssertionError(
                 f"replica {process.name} did not exit within {timeout_s} s of SIGTERM"
