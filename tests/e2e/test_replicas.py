@@ -117,6 +117,10 @@ def _assert_taken_over(cluster: Cluster, response_id: str, dead: str) -> None:
     assert takeovers, (
         f"{response_id}: no takeover audit record in {[a['kind'] for a in log['audit']]}"
     )
+    # ONE survivor claims it: a second claim (from the live replica that took it over) is a
+    # sweep that judged a fresh owner dead.
+    claims = [(a["detail"]["from_replica"], a["detail"]["to_replica"]) for a in takeovers]
+    assert len(takeovers) == 1, f"{response_id} claimed {len(claims)} times (from, to): {claims}"
     detail = takeovers[0]["detail"]
     assert detail["from_replica"] == dead
     assert detail["to_replica"] != dead and detail["to_replica"] in cluster.replica_ids()
