@@ -10,7 +10,8 @@ with its own log file:
     server.kill()                    # SIGKILL (or server.signal(signal.SIGTERM))
     server.stop()                    # SIGTERM, then SIGKILL after a grace period
 
-``ready="healthy"`` (the default) waits for ``/health`` to answer 200; ``ready="listening"``
+``port=`` gives the port (default: a free one), so a restarted server comes back where a load
+balancer expects it (``tests/support/replicas.py``). ``ready="healthy"`` (the default) waits for ``/health`` to answer 200; ``ready="listening"``
 waits for any HTTP answer from ``/health``, for a server that is expected to start degraded
 (503) on a store it cannot write. The child inherits the test's environment (so ``PYTHONPATH``
 picks the worktree's code) minus the variables that would change what it serves.
@@ -82,6 +83,7 @@ class ServerProcess:
         ready: str = "healthy",
         start_timeout_s: float = 60,
         log_level: str = "warning",
+        port: int | None = None,
     ) -> None:
         if ready not in ("healthy", "listening"):
             raise ValueError(f"ready must be 'healthy' or 'listening', not {ready!r}")
@@ -90,7 +92,8 @@ class ServerProcess:
         self.database_url = database_url
         self.script_path = workdir / f"{name}.json"
         self.script_path.write_text(json.dumps(dict(script)))
-        self.port = free_port()
+        # A given port: a replica restarted where a load balancer expects it.
+        self.port = free_port() if port is None else port
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.log = workdir / f"{name}.log"
         child_env = {k: v for k, v in os.environ.items() if k not in _SCRUBBED}
