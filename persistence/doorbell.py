@@ -264,6 +264,8 @@ class LocalDoorbell:
     def ring(self, channel: str) -> None:
         if self._loop is None or not self._rejections.allowed(channel):
             return
+        if channel not in self._listeners.by_channel:
+            return  # nobody in this process listens, so nobody anywhere does
         self._pending.add(channel)
         if not self._scheduled:
             self._scheduled = True

@@ -7,10 +7,10 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from persistence.errors import Fenced, NotFound
 from persistence.memory import MemoryStore
 from persistence.sql import open_store
 from persistence.store import EventStore
-from persistence.errors import Fenced, NotFound
 from tests.persistence.contract import EventStoreContract
 from tests.persistence.factories import completed, created, delta, new_response
 
