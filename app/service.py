@@ -47,6 +47,7 @@ from app.reasoning_crypto import ReasoningCipher
 from app.remote_cancel import RemoteCancels
 from app.repair import STORE_UNAVAILABLE, Repairs, store_unavailable_error
 from app.settings import Settings
+from app.tails import TailReads
 from app.takeover import TAKEOVER_FAILED, GenerationSpec, Resumed, Takeovers
 from app.wire import CreateResponse
 from domain.builder import ResponseBuilder, TerminalStatus, Usage
@@ -175,6 +176,8 @@ class ResponseService:
         self.store_is_shared = settings.database_url.startswith("postgresql")
         #: SSE streams being served now.
         self.open_streams = 0
+        #: The followers' reads of logs written elsewhere, batched (``app.tails``).
+        self.tails = TailReads(store)
         self._replicas_task: asyncio.Task[None] | None = None
 
     # -- models ----------------------------------------------------------------------------------
@@ -730,16 +733,23 @@ class ResponseService:
         100 ms while the doorbell is down), so a lost ring delays, never loses. A log deleted
         meanwhile, or a server shutting down, ends it with an ``error`` event."""
         sent = after
+        caught_up = False  # then a wake-up reads with the other followers (``app.tails``)
         with self.doorbell.listen(response_id) as bell:
             while True:
-                events = await self._load(response_id, sent, _PAGE)
+                events: list[StoredEvent] | None = None
+                if caught_up:
+                    with contextlib.suppress(StoreError):  # read alone, with retries, below
+                        events = await self.tails.read(response_id, sent)
+                if events is None:
+                    events = await self._load(response_id, sent, _PAGE)
+                    caught_up = len(events) < _PAGE
                 if events:
                     sent = events[-1].seq
                     yield stored_frames(events)
                     yield sent
                     if events[-1].type in TERMINAL_TYPES:
                         return
-                    if len(events) == _PAGE:
+                    if not caught_up:
                         continue
                 elif await self.store.get(response_id) is None:
                     yield error_frame(sent + 1, "not_found", f"Response '{response_id}' was deleted.")
@@ -932,6 +942,7 @@ class ResponseService:
                 await self._replicas_task
         await self.remote_cancels.stop()
         await self.repairs.stop()
+        await self.tails.close()
         for run in list(self._live.values()):
             await self.engine.abort(run.engine_request_id)
         tasks = list(self._tasks)

@@ -11,7 +11,7 @@ import asyncio
 import dataclasses
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -221,6 +221,13 @@ class MemoryStore:
         start = 0 if after_seq is None else max(after_seq + 1, 0)
         end = None if limit is None else start + limit
         return [event.stored() for event in log[start:end]]
+
+    async def load_after(self, afters: Mapping[str, int]) -> dict[str, list[StoredEvent]]:
+        self._check_open()
+        return {
+            rid: [e.stored() for e in self._events.get(rid, [])[max(after + 1, 0) :]]
+            for rid, after in afters.items()
+        }
 
     async def get(self, response_id: str) -> ResponseRow | None:
         self._check_open()

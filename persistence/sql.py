@@ -33,7 +33,7 @@ import logging
 import sqlite3
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -47,6 +47,7 @@ from sqlalchemy import (
     delete,
     func,
     literal,
+    or_,
     select,
     update,
 )
@@ -877,6 +878,36 @@ class SqlStore:
         async with self._read() as conn:
             rows = await conn.execute(query)
             return [StoredEvent(seq, type_, None, text) for seq, type_, text in rows]
+
+    async def load_after(self, afters: Mapping[str, int]) -> dict[str, list[StoredEvent]]:
+        """The events of several logs, each after its own seq, in one query (followers on this
+        replica, woken together by the doorbell, read together)."""
+        self._check_open()
+        ids = [rid for rid in afters if _possible_id(rid)]
+        found: dict[str, list[StoredEvent]] = {rid: [] for rid in ids}
+        if not ids:
+            return found
+        e = response_events
+        if self._postgres:
+            wanted = func.unnest(
+                cast(bindparam("ids", ids), postgresql.ARRAY(Text)),
+                cast(bindparam("afters", [afters[rid] for rid in ids]), postgresql.ARRAY(Integer)),
+            ).table_valued("id", "after", name="f")
+            query = (
+                select(e.c.response_id, e.c.seq, e.c.type, cast(e.c.payload, Text))
+                .join(wanted, (e.c.response_id == wanted.c.id) & (e.c.seq > wanted.c.after))
+                .order_by(e.c.response_id, e.c.seq)
+            )
+        else:
+            query = (
+                select(e.c.response_id, e.c.seq, e.c.type, cast(e.c.payload, Text))
+                .where(or_(*((e.c.response_id == rid) & (e.c.seq > afters[rid]) for rid in ids)))
+                .order_by(e.c.response_id, e.c.seq)
+            )
+        async with self._read() as conn:
+            for rid, seq, type_, text in await conn.execute(query):
+                found[rid].append(StoredEvent(seq, type_, None, text))
+        return found
 
     async def get(self, response_id: str) -> ResponseRow | None:
         self._check_open()

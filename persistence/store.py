@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Literal, Protocol
 
 from persistence.health import StoreHealth
@@ -147,6 +147,10 @@ class EventStore(Protocol):
     async def load(
         self, response_id: str, after_seq: int | None = None, limit: int | None = None
     ) -> list[StoredEvent]: ...
+
+    async def load_after(self, afters: Mapping[str, int]) -> dict[str, list[StoredEvent]]:
+        """For each response id, its events after the given seq (one query for them all)."""
+        ...
 
     async def get(self, response_id: str) -> ResponseRow | None: ...
 

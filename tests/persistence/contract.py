@@ -604,6 +604,15 @@ class EventStoreContract:
         assert await store.output_tokens("resp_nope") == []
         assert [e.seq for e in await store.load(rid)] == [0, 1, 2, 3, 4]
 
+    async def test_load_after_reads_several_logs_each_after_its_own_seq(self, store: EventStore) -> None:
+        one, two, three = await _started(store), await _started(store), await _started(store)
+        await store.append(one, [delta(1, "a"), delta(2, "b")], 1)
+        await store.append(two, [delta(1, "c")], 1)
+        found = await store.load_after({one: 0, two: 1, three: -1, "resp_nope": 0})
+        assert [e.seq for e in found[one]] == [1, 2] and found[one][1].payload["delta"] == "b"
+        assert found[two] == [] and [e.type for e in found[three]] == ["response.created"]
+        assert found.get("resp_nope", []) == []
+
     async def test_exactly_one_claim_wins_and_the_epoch_goes_up(self, store: EventStore) -> None:
         new = dataclasses.replace(new_response(), owner="rep_a")
         await store.create_response(new)
