@@ -892,7 +892,7 @@ class SqlStore:
             wanted = func.unnest(
                 cast(bindparam("ids", ids), postgresql.ARRAY(Text)),
                 cast(bindparam("afters", [afters[rid] for rid in ids]), postgresql.ARRAY(Integer)),
-            ).table_valued("id", "after", name="f")
+            ).table_valued("id", "after").render_derived(name="f")
             query = (
                 select(e.c.response_id, e.c.seq, e.c.type, cast(e.c.payload, Text))
                 .join(wanted, (e.c.response_id == wanted.c.id) & (e.c.seq > wanted.c.after))
