@@ -21,6 +21,8 @@ resume a cut stream through the balancer with ``starting_after`` the last seq th
   after the follower had read the backlog (what A's client had when the follower started), so
   the catch-up read of the log is not counted as lag; p50/p99 ms. Both clients are threads of
   this one process, so on a small machine the figure includes the clients' own CPU contention.
+- **alag**: the same lag, measured by one asyncio client (streamed POSTs on A, a follower on
+  B started as soon as each id is known), without the threads' GIL hand-offs.
 - **rolling**: a rolling restart (SIGTERM, wait for exit, start again, wait until HAProxy has it
   up; each of the three in turn) while ``--streams`` streams stay open through HAProxy: failed
   responses, streams that needed a resume, and the replicas' exit statuses.
@@ -37,6 +39,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
+import re
 import signal
 import statistics
 import sys
@@ -62,7 +66,7 @@ from tests.support.replicas import (
     slow_script,
 )
 
-NAMES = ("kill", "freeze", "lag", "rolling", "cancel")
+NAMES = ("kill", "freeze", "lag", "alag", "rolling", "cancel")
 
 Row = tuple[str, str]  # (figure, value)
 
@@ -241,6 +245,118 @@ def lag_scenario(workdir: Path, *, streams: int, words: int) -> list[Row]:
         ]
 
 
+_SEQ = re.compile(rb'"sequence_number":(\d+)[,}]')
+_ID = re.compile(rb'"id":"(resp_[0-9a-f]+)"')
+_ENDS = (b"event: response.completed", b"event: response.failed", b"event: response.incomplete")
+
+
+class _Tap(asyncio.Protocol):
+    """One raw HTTP/1.1 SSE stream: when each ``sequence_number`` arrived (loop time), and the
+    response id. No HTTP library: at 128 streams on 2 cores, httpx's parsing alone kept a core
+    busy and its queueing showed up as lag."""
+
+    def __init__(self, request: bytes, on_id: Callable[[str], None] | None = None) -> None:
+        self.request = request
+        self.on_id = on_id
+        self.times: dict[int, float] = {}
+        self.ended = False
+        self.finished: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._buf = b""
+        self._id_seen = on_id is None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+        transport.write(self.request)  # type: ignore[attr-defined]
+
+    def data_received(self, data: bytes) -> None:
+        now = asyncio.get_running_loop().time()
+        buf = self._buf + data
+        if not self._id_seen:
+            found = _ID.search(buf)
+            if found is not None and self.on_id is not None:
+                self._id_seen = True
+                self.on_id(found.group(1).decode())
+        last = 0
+        for match in _SEQ.finditer(buf):
+            self.times.setdefault(int(match.group(1)), now)
+            last = match.end()
+        if any(end in buf for end in _ENDS):
+            self.ended = True
+        self._buf = buf[max(last, len(buf) - 64) :]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.finished.done():
+            self.finished.set_result(None)
+
+
+async def _open(url: str, method: str, path: str, body: bytes, on_id: Callable[[str], None] | None = None) -> _Tap:
+    host, port = url.removeprefix("http://").split(":")
+    head = (
+        f"{method} {path} HTTP/1.1\r\nHost: {host}:{port}\r\nAccept: text/event-stream\r\n"
+        f"Connection: close\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    loop = asyncio.get_running_loop()
+    _, tap = await loop.create_connection(lambda: _Tap(head + body, on_id), host, int(port))
+    return tap
+
+
+async def _async_lag(a_url: str, b_url: str, streams: int) -> tuple[list[float], list[float], int]:
+    """The lag measured by one asyncio client on raw sockets: ``streams`` streamed POSTs on A;
+    as soon as each one's id is known, a follower of it on B from seq -1. Returns the lags (s) of
+    the events A's client got after the follower had caught up; the same from one second after
+    the last follower started (every follower tailing, its ``LISTEN`` in effect: the steady
+    state); and how many followers reached the terminal event."""
+    loop = asyncio.get_running_loop()
+    body = json.dumps({"model": MODEL, "input": "go", "stream": True}).encode()
+    pairs: list[tuple[_Tap, _Tap, float]] = []
+    waits: list[asyncio.Future[None]] = []
+
+    def follow(creator: _Tap) -> Callable[[str], None]:
+        def on_id(rid: str) -> None:
+            async def start() -> None:
+                started = loop.time()
+                follower = await _open(b_url, "GET", f"/v1/responses/{rid}?stream=true", b"")
+                pairs.append((creator, follower, started))
+                waits.append(follower.finished)
+
+            waits.append(asyncio.ensure_future(start()))
+
+        return on_id
+
+    creators = []
+    for _ in range(streams):
+        holder: list[_Tap] = []
+        tap = await _open(a_url, "POST", "/v1/responses", body, lambda rid, h=holder: follow(h[0])(rid))
+        holder.append(tap)
+        creators.append(tap)
+    await asyncio.gather(*(c.finished for c in creators))
+    while not all(w.done() for w in waits):
+        await asyncio.gather(*waits)
+    lags: list[float] = []
+    steady: list[float] = []
+    settled = max(started for _, _, started in pairs) + 1.0
+    for creator, follower, started in pairs:
+        backlog = [seq for seq, at in creator.times.items() if at <= started]
+        tailing_from = follower.times.get(max(backlog), started) if backlog else started
+        for seq, at in creator.times.items():
+            if at > tailing_from and seq in follower.times:
+                lags.append(follower.times[seq] - at)
+                if at > settled:
+                    steady.append(follower.times[seq] - at)
+    return lags, steady, sum(f.ended for _, f, _ in pairs)
+
+
+def async_lag_scenario(workdir: Path, *, streams: int, words: int) -> list[Row]:
+    with Cluster(workdir, script=slow_script(words)) as cluster:
+        a, b = cluster.process(0), cluster.process(1)
+        lags, steady, ended = asyncio.run(_async_lag(a.base_url, b.base_url, streams))
+    return [
+        ("follower lag on another replica (one raw asyncio client)", _ms(lags) + f" ({len(lags)} events)"),
+        ("  the same, from 1 s after the last follower started", _ms(steady) + f" ({len(steady)} events)"),
+        ("followers that reached the terminal event", f"{ended}/{streams}"),
+    ]
+
+
 class _Load(threading.Thread):
     """Keeps ``width`` streams open through the balancer until stopped."""
 
@@ -331,6 +447,8 @@ def _run(name: str, workdir: Path, streams: int, words: int) -> list[Row]:
         return failure_scenario(workdir, streams=streams, words=words, freeze=name == "freeze")
     if name == "lag":
         return lag_scenario(workdir, streams=streams, words=min(words, 120))
+    if name == "alag":
+        return async_lag_scenario(workdir, streams=streams, words=min(words, 120))
     if name == "rolling":
         return rolling_scenario(workdir, streams=streams, words=min(words, 120))
     return cancel_scenario(workdir, streams=streams, words=words)
