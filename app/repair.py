@@ -95,6 +95,7 @@ class Repairs:
         self._recovery_pending = False
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._beat: asyncio.Task[None] | None = None
         self._last_probe = time.monotonic()
 
     # -- what the service reports ------------------------------------------------------------
@@ -184,13 +185,30 @@ class Repairs:
     def start(self) -> None:
         if self._task is None:
             self._task = asyncio.create_task(self._run(), name="app.repair")
+        if self._replica is not None and self._beat is None:
+            self._beat = asyncio.create_task(self._heartbeat(), name="app.repair.heartbeat")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        for task in (self._task, self._beat):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._task = self._beat = None
+
+    async def _heartbeat(self) -> None:
+        """The lease's renewal, in a task of its own: a sweep waiting on the database (a claim
+        blocked by a frozen owner's locks) must never let this replica's own lease lapse, or
+        the others would take over what it has just taken over."""
+        while True:
+            await asyncio.sleep(self._heartbeat_s)
+            self._last_probe = time.monotonic()
+            try:
+                await self._store.probe()
+            except Exception:
+                log.exception("heartbeat")
+            if not self._store.health.failing:
+                self._wake.set()  # the sweep is due as often as the heartbeat
 
     async def _run(self) -> None:
         while True:
@@ -209,7 +227,9 @@ class Repairs:
         health = self._store.health
         now = time.monotonic()
         if self._replica is not None:
-            due = now - self._last_probe >= self._heartbeat_s  # the heartbeat renews the lease
+            # the heartbeat task renews the lease; here only while it has not started (tests
+            # drive this method alone)
+            due = self._beat is None and now - self._last_probe >= self._heartbeat_s
         else:
             due = now - max(self._last_probe, health.last_ok_at) >= _IDLE_PROBE_S
         if health.failing or due:

@@ -116,7 +116,10 @@ def _postgres_engine(
         "command_timeout": statement_timeout_s,
         "server_settings": {
             "statement_timeout": str(int(statement_timeout_s * 1000)),
-            "idle_in_transaction_session_timeout": str(int(statement_timeout_s * 4000)),
+            # A transaction of this server sends its statements back to back; one left idle
+            # is a frozen (SIGSTOP) or partitioned replica, whose row locks (the append fence)
+            # would block the claims of the replicas taking its responses over: end it soon.
+            "idle_in_transaction_session_timeout": str(int(min(statement_timeout_s, 1.0) * 1000)),
         },
     }
     return create_async_engine(

@@ -49,10 +49,11 @@ from sqlalchemy import (
     literal,
     or_,
     select,
+    text,
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.exc import IntegrityError, SQLAlchemyError
+from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from persistence.database import (
@@ -1054,8 +1055,16 @@ class SqlStore:
             .values(owner=to_owner, epoch=r.c.epoch + 1)
             .returning(r.c.epoch)
         )
-        async with _store_errors(), self._writer.begin() as conn:
-            epoch = (await conn.execute(query)).scalar_one_or_none()
+        try:
+            async with _store_errors(), self._writer.begin() as conn:
+                if self._postgres:  # a lock held by a frozen owner: not now, the next sweep
+                    await conn.execute(text("SET LOCAL lock_timeout = '500ms'"))
+                epoch = (await conn.execute(query)).scalar_one_or_none()
+        except StoreError as exc:
+            if isinstance(exc.__cause__, DBAPIError) and "lock timeout" in str(exc.__cause__):
+                _log.info("response %s: its row is locked (its owner froze mid-commit?); claim later", response_id)
+                return None
+            raise
         if epoch is None:
             return None
         self._epochs[response_id] = int(epoch)
