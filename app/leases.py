@@ -6,8 +6,8 @@ store's probe is that renewal: one small write, which also tells ``/health`` whe
 database takes writes). Every response a replica creates records it as ``owner``.
 
 A response whose owner is not alive is *orphaned*: its owner was killed, or lost the database
-for longer than its lease. Start-up recovery and the repair loop close only orphaned responses
-(``response.failed``), never those of a live replica, so a server that starts beside others, or
+for longer than its lease. Start-up recovery and the repair loop touch only orphaned responses,
+never those of a live replica, so a server that starts beside others, or
 sweeps while they stream, harms none of their responses. A replica is alive while its lease is
 unexpired, except that a process on this same host that no longer exists is dead at once (a
 restart after ``kill -9`` need not wait out the lease).
@@ -15,10 +15,9 @@ restart after ``kill -9`` need not wait out the lease).
 SQLite serves one process: a second server on the same SQLite file while the first is alive is
 refused at start with a message that says so (use PostgreSQL for several replicas).
 
-Not done here (issue 15 goes on): a takeover that *continues* an orphaned response from its
-logged token ids, appends fenced by an epoch, a NOTIFY doorbell for followers, and a drain on
-SIGTERM. A replica that stalls past its lease while others sweep finds its log closed: its next
-append fails on the log's unique key (the log has ended), so two writers never interleave.
+What happens to an orphan is ``app.takeover``'s (claimed by exactly one survivor, its epoch
+bumped so the old owner's appends are fenced out, and continued from its log); a drain hands a
+replica's responses over by releasing its lease (``app.drain``).
 """
 
 from __future__ import annotations

@@ -7,11 +7,13 @@ yet. The service hands it here, and this loop, running inside the server, closes
 ``response.failed`` (``store_unavailable``) as soon as the database takes writes again, so a
 resumer gets a terminal event and nothing stays ``in_progress`` until some later restart.
 
-The same loop renews this replica's lease (``app.leases``: the heartbeat is also the probe that
-tells ``/health`` whether the database takes writes, so it recovers by itself, after a full
-disk is freed too), and sweeps for orphaned responses, whose owner is no longer alive (it was
-killed, or lost its lease): start-up recovery (``server_error``, "the server restarted") is the
-first sweep, run from the loop when the database could not be written at start.
+The same loop sweeps for orphaned responses every heartbeat (and at once when another replica
+releases its lease), whose owner is no longer alive (it was killed, or lost its lease), and hands
+each to ``app.takeover`` (claim, then continue or close); start-up recovery ("the server
+restarted") is the first sweep, run from the loop when the database could not be written at
+start. A task of its own renews this replica's lease every heartbeat (``app.leases``: the
+heartbeat is also the probe that tells ``/health`` whether the database takes writes, so it
+recovers by itself, after a full disk is freed too).
 
 Closing a log replays what is durable (``ResponseBuilder.resume``: open items are closed first)
 and appends the terminal event at the next ``seq``. A stranded response whose row exists but
