@@ -539,7 +539,10 @@ class Server(uvicorn.Server):
             return
         self._draining = True
         loop = asyncio.get_event_loop()
-        loop.call_soon_threadsafe(lambda: loop.create_task(self._drain(service), name="app.drain"))
+        def start() -> None:  # kept: the loop holds only a weak reference to a task
+            self._drain_task = loop.create_task(self._drain(service), name="app.drain")
+
+        loop.call_soon_threadsafe(start)
 
     async def _drain(self, service: Any) -> None:
         try:
@@ -549,6 +552,7 @@ class Server(uvicorn.Server):
         self.should_exit = True
 
     _draining = False
+    _drain_task: asyncio.Task[None] | None = None
 
 
 def server(
