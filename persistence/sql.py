@@ -890,15 +890,10 @@ class SqlStore:
             return found
         e = response_events
         if self._postgres:
-            wanted = func.unnest(
-                cast(bindparam("ids", ids), postgresql.ARRAY(Text)),
-                cast(bindparam("afters", [afters[rid] for rid in ids]), postgresql.ARRAY(Integer)),
-            ).table_valued("id", "after").render_derived(name="f")
-            query = (
-                select(e.c.response_id, e.c.seq, e.c.type, cast(e.c.payload, Text))
-                .join(wanted, (e.c.response_id == wanted.c.id) & (e.c.seq > wanted.c.after))
-                .order_by(e.c.response_id, e.c.seq)
-            )
+            # one primary-key range scan per log: a plain join of the unnest with the events is
+            # planned as a hash join over a sequential scan of the whole table (EXPLAIN, 19,000
+            # events), a cost that grows with the table
+            query: Any = _TAIL_READ.bindparams(ids=ids, afters=[afters[rid] for rid in ids])
         else:
             query = (
                 select(e.c.response_id, e.c.seq, e.c.type, cast(e.c.payload, Text))
@@ -906,8 +901,8 @@ class SqlStore:
                 .order_by(e.c.response_id, e.c.seq)
             )
         async with self._read() as conn:
-            for rid, seq, type_, text in await conn.execute(query):
-                found[rid].append(StoredEvent(seq, type_, None, text))
+            for rid, seq, type_, payload in await conn.execute(query):
+                found[rid].append(StoredEvent(seq, type_, None, payload))
         return found
 
     async def get(self, response_id: str) -> ResponseRow | None:
@@ -1322,6 +1317,14 @@ _TAILS = (
     " FROM responses AS r WHERE r.id IN ({marks})"
 )
 _ROWS = select(*_r.c, _LAST_SEQ)
+# Followers' batched read (PostgreSQL): each log after its own seq, by its primary key.
+_TAIL_READ = text(
+    "SELECT f.id, e.seq, e.type, e.payload::text"
+    " FROM unnest(CAST(:ids AS text[]), CAST(:afters AS integer[])) AS f(id, after)"
+    " CROSS JOIN LATERAL (SELECT seq, type, payload FROM response_events"
+    " WHERE response_id = f.id AND seq > f.after ORDER BY seq) AS e"
+    " ORDER BY f.id, e.seq"
+)
 # The append fence (PostgreSQL): the epoch of each log a commit appends to, share-locked so that a
 # concurrent claim (an UPDATE of the row) waits for the commit, and a commit after a claim sees it.
 _FENCE = "SELECT id, epoch FROM responses WHERE id = ANY($1::text[]) FOR SHARE"
