@@ -734,6 +734,11 @@ class ResponseService:
         meanwhile, or a server shutting down, ends it with an ``error`` event."""
         sent = after
         caught_up = False  # then a wake-up reads with the other followers (``app.tails``)
+        # Whether the log still exists is asked only when the bell stayed silent, or rang twice
+        # with nothing new: a batched read often takes a commit's events before its ring
+        # arrives, and a question per follower per such ring cost a query each (64 followers:
+        # enough to put the replica behind, and its lag in the hundreds of milliseconds).
+        rung, empty = True, 0
         with self.doorbell.listen(response_id) as bell:
             while True:
                 events: list[StoredEvent] | None = None
@@ -744,6 +749,7 @@ class ResponseService:
                     events = await self._load(response_id, sent, _PAGE)
                     caught_up = len(events) < _PAGE
                 if events:
+                    empty = 0
                     sent = events[-1].seq
                     yield stored_frames(events)
                     yield sent
@@ -751,9 +757,11 @@ class ResponseService:
                         return
                     if not caught_up:
                         continue
-                elif await self.store.get(response_id) is None:
-                    yield error_frame(sent + 1, "not_found", f"Response '{response_id}' was deleted.")
-                    return
+                else:
+                    empty += 1
+                    if (not rung or empty >= 2) and await self.store.get(response_id) is None:
+                        yield error_frame(sent + 1, "not_found", f"Response '{response_id}' was deleted.")
+                        return
                 if self.drain.streams_over():
                     yield error_frame(
                         sent + 1,
@@ -762,7 +770,7 @@ class ResponseService:
                         f"(GET /v1/responses/{response_id}?stream=true&starting_after={sent}).",
                     )
                     return
-                await bell.wait(1.0 if self.doorbell.connected else 0.1)
+                rung = await bell.wait(1.0 if self.doorbell.connected else 0.1)
 
     async def _load(self, response_id: str, after: int, limit: int | None) -> list[StoredEvent]:
         """A read for a stream: while the database is unavailable, retried for up to the
