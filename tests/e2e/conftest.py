@@ -6,6 +6,7 @@ with no queued turn the engine echoes the last user message.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from openai import OpenAI
 from app.encoding import load_encoding
 from app.engines.scripted import ScriptedEngine
 from app.settings import Settings
+from tests.support.postgres import create_database, drop_database, unavailable
 from tests.support.process import ServerProcess
 from tests.support.server import RunningServer, serve
 
@@ -48,6 +50,20 @@ def processes() -> Iterator[list[ServerProcess]]:
     yield started
     for process in started:
         process.stop()
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    """An empty PostgreSQL database of the test's own on the shared server (skipped, with the
+    reason, when PostgreSQL is down), dropped afterwards: for replicas in server processes."""
+    reason = asyncio.run(unavailable())
+    if reason is not None:
+        pytest.skip(reason)
+    url = asyncio.run(create_database("ledger_e2e"))
+    try:
+        yield url
+    finally:
+        asyncio.run(drop_database(url))
 
 
 @pytest.fixture

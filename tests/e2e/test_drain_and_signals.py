@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import asyncpg
@@ -16,7 +15,6 @@ import httpx
 import pytest
 
 from tests.e2e.conftest import harmony, sse_events
-from tests.support.postgres import create_database, drop_database, unavailable
 from tests.support.process import ServerProcess
 
 MODEL = "gpt-oss-process"
@@ -78,18 +76,6 @@ def test_sigterm_alone_lets_short_responses_finish_and_ends_the_rest_incomplete(
     assert ended["status"] == "incomplete"
     assert ended["incomplete_details"] == {"reason": "server_shutdown"}
     assert WORDS.startswith(ended["output"][-1]["content"][0]["text"][:50])
-
-
-@pytest.fixture
-def pg_url() -> Iterator[str]:
-    reason = asyncio.run(unavailable())
-    if reason is not None:
-        pytest.skip(reason)
-    url = asyncio.run(create_database("ledger_signals"))
-    try:
-        yield url
-    finally:
-        asyncio.run(drop_database(url))
 
 
 def _rows(pg_url: str, response_id: str) -> dict[str, int]:

@@ -4,10 +4,8 @@ survivor's sweep; a second server on one SQLite file is refused with a message t
 
 from __future__ import annotations
 
-import asyncio
 import os
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -16,7 +14,6 @@ import pytest
 from app.leases import SingleProcessOnly, alive, check_single_process, new_replica
 from persistence.records import Replica
 from tests.e2e.conftest import harmony, sse_events
-from tests.support.postgres import create_database, drop_database, unavailable
 from tests.support.process import ServerDidNotStart, ServerProcess
 
 MODEL = "gpt-oss-process"
@@ -77,18 +74,6 @@ def test_a_second_server_on_one_sqlite_file_is_refused(
     assert "SQLite serves one server process" in str(refused.value)
     assert refused.value.returncode not in (None, 0)
     assert httpx.get(processes[0].base_url + "/health", timeout=5).status_code == 200
-
-
-@pytest.fixture
-def pg_url() -> Iterator[str]:
-    reason = asyncio.run(unavailable())
-    if reason is not None:
-        pytest.skip(reason)
-    url = asyncio.run(create_database("ledger_leases"))
-    try:
-        yield url
-    finally:
-        asyncio.run(drop_database(url))
 
 
 def _background(base_url: str) -> str:

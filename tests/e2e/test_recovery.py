@@ -62,6 +62,7 @@ def _kill_mid_stream(tmp_path: Path, processes: list[ServerProcess], turn: dict[
         timeout=30,
     )
     assert resp.status_code == 200, resp.text
+    assert resp.json()["status"] == "queued"
     response_id = str(resp.json()["id"])
     deadline = time.monotonic() + 30
     while True:
@@ -71,6 +72,7 @@ def _kill_mid_stream(tmp_path: Path, processes: list[ServerProcess], turn: dict[
         assert time.monotonic() < deadline, "no deltas were stored"
         time.sleep(0.02)
     first.kill()
+    assert first.proc.returncode == -signal.SIGKILL
     return response_id, before
 
 
@@ -113,32 +115,9 @@ def test_a_restarted_server_continues_the_killed_servers_response(
 def test_killed_server_closes_the_response_at_restart(
     tmp_path: Path, processes: list[ServerProcess]
 ) -> None:
-    db = tmp_path / "responses.db"
     slow = {"completion": harmony(("analysis", REASONING), ("final", WORDS)), "token_delay_ms": 40}
-    first = ServerProcess(
-        tmp_path, "first", f"sqlite+aiosqlite:///{db}", {"turns": [slow]}, model=MODEL
-    )
-    processes.append(first)
-
-    resp = httpx.post(
-        first.base_url + "/v1/responses",
-        json={"model": MODEL, "input": "go", "background": True},
-        timeout=30,
-    )
-    assert resp.status_code == 200, resp.text
-    queued = resp.json()
-    assert queued["status"] == "queued"
-    response_id = queued["id"]
-
-    deadline = time.monotonic() + 30
-    while True:
-        before = _events(first.base_url, response_id)
-        if sum(e["type"] == "response.output_text.delta" for e in before) >= 3:
-            break
-        assert time.monotonic() < deadline, "no deltas were stored"
-        time.sleep(0.02)
-    first.kill()
-    assert first.proc.returncode == -signal.SIGKILL
+    response_id, before = _kill_mid_stream(tmp_path, processes, slow)
+    db = tmp_path / "responses.db"
 
     # Start again on the same database: here in-thread (``serve``), the way the e2e fixture runs.
     url = f"sqlite+aiosqlite:///{db}"

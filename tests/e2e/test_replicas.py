@@ -148,9 +148,10 @@ def test_a_killed_replicas_streams_are_continued_by_the_survivors(cluster: Clust
         assert (final["status"], output_text(final)) == ("completed", TEXT)
 
 
-def test_a_killed_replicas_background_responses_complete(cluster: Cluster) -> None:
+def _backgrounds(cluster: Cluster, n: int) -> list[str]:
+    """``n`` background responses created through the balancer; their ids."""
     ids = []
-    for _ in range(9):
+    for _ in range(n):
         answer = httpx.post(
             cluster.url + "/v1/responses",
             json={"model": MODEL, "input": "go", "background": True},
@@ -158,6 +159,11 @@ def test_a_killed_replicas_background_responses_complete(cluster: Cluster) -> No
         )
         assert answer.status_code == 200, answer.text
         ids.append(str(answer.json()["id"]))
+    return ids
+
+
+def test_a_killed_replicas_background_responses_complete(cluster: Cluster) -> None:
+    ids = _backgrounds(cluster, 9)
 
     def generating() -> bool:
         rows = cluster.sql(
@@ -233,15 +239,7 @@ def test_a_rolling_restart_under_load_fails_nothing(workdir: Path) -> None:
 
 
 def test_cancel_and_delete_through_other_replicas(cluster: Cluster) -> None:
-    ids = []
-    for _ in range(6):
-        answer = httpx.post(
-            cluster.url + "/v1/responses",
-            json={"model": MODEL, "input": "go", "background": True},
-            timeout=30,
-        )
-        assert answer.status_code == 200, answer.text
-        ids.append(str(answer.json()["id"]))
+    ids = _backgrounds(cluster, 6)
     _wait(lambda: None not in cluster.owners(ids).values(), 30, "every response to have an owner")
     owners = cluster.owners(ids)
     index_of = cluster.replica_ids()
