@@ -130,7 +130,13 @@ class GenerationSpec:
 class Resumed:
     """A log to go on with (``ResponseService._generate``)."""
 
+    builder: ResponseBuilder
     decoder: HarmonyDecoder
+    #: The prompt as first sent to the engine, and how it was being generated.
+    prompt_ids: list[int]
+    spec: GenerationSpec
+    #: Why its owner gave it up ("the server restarted", ...).
+    reason: str
     #: The output token ids behind the logged events.
     tokens: list[int]
     #: Events the replay made past the log's end: appended first.
@@ -163,22 +169,18 @@ class Takeovers:
         False if another replica claimed it first (or it ended meanwhile). Raises
         ``StoreError`` if the database failed (the claim may stand: the next sweep retries)."""
         service = self._service
-        store = service.store
-        me = service.replica.id
-        epoch = await store.claim(response_id, from_owner, me)
+        if service.drain.draining:
+            return False  # leaving: the other replicas take it
+        epoch = await service.store.claim(response_id, from_owner, service.replica.id)
         if epoch is None:
             return False
-        stored = await store.load(response_id)
-        events = [from_wire(e.type, e.seq, e.payload) for e in stored]
         if self._mode != "continue":  # RESPONSES_LEDGER_TAKEOVER=fail: closed as before takeovers
             await service.repairs.close(response_id, {"code": "server_error", "message": why}, None)
             self.failed += 1
             log.warning("response %s: closed, nobody was generating it (%s)", response_id, why)
             return True
         try:
-            resumed, builder, run, prompt_ids, spec = await self._prepare(
-                response_id, events, from_owner, epoch, why
-            )
+            resumed, run = await self._prepare(response_id, from_owner, epoch, why)
         except CannotContinue as exc:
             error = {"code": TAKEOVER_FAILED, "message": str(exc)}
             await service.repairs.close(response_id, error, None)
@@ -189,12 +191,11 @@ class Takeovers:
             run,
             service._generate(
                 run,
-                builder,
-                lambda: resumed.decoder,
-                prompt_ids,
-                spec.sampling,
-                forced_call=spec.forced_call,
-                skeleton=None,
+                resumed.builder,
+                None,
+                resumed.prompt_ids,
+                resumed.spec.sampling,
+                forced_call=resumed.spec.forced_call,
                 resumed=resumed,
             ),
         )
@@ -205,10 +206,11 @@ class Takeovers:
         return True
 
     async def _prepare(
-        self, response_id: str, events: list[Event], from_owner: str | None, epoch: int, why: str
-    ) -> tuple[Resumed, ResponseBuilder, Run, list[int], GenerationSpec]:
+        self, response_id: str, from_owner: str | None, epoch: int, why: str
+    ) -> tuple[Resumed, Run]:
         service = self._service
         store = service.store
+        events = [from_wire(e.type, e.seq, e.payload) for e in await store.load(response_id)]
         row = await store.get(response_id)
         if row is None:
             raise CannotContinue("it was deleted")
@@ -262,7 +264,18 @@ class Takeovers:
         if row.cancel_requested_at is not None and row.background:
             # cancelled through another replica before its owner could act on it
             finish, run.cancel_requested = "abort", True
-        resumed = Resumed(replayed.decoder, tokens, replayed.pending, next_seq, record, finish)
+        resumed = Resumed(
+            replayed.builder,
+            replayed.decoder,
+            prompt_ids,
+            spec,
+            why,
+            tokens,
+            replayed.pending,
+            next_seq,
+            record,
+            finish,
+        )
         run.published = True  # its first events were published by the replica that made them
         run.created.set()
-        return resumed, replayed.builder, run, prompt_ids, spec
+        return resumed, run

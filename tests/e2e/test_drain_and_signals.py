@@ -132,3 +132,40 @@ def test_cancel_and_delete_through_another_replica(
     assert f"response {deleted}: stopped here" in a.log_text()
     third = _background(a.base_url)
     _wait_status(a.base_url, third, "completed")
+
+
+@pytest.mark.postgres
+def test_a_draining_replica_takes_nothing_over(
+    tmp_path: Path, pg_url: str, processes: list[ServerProcess]
+) -> None:
+    """B drains (a long response keeps it draining) when A dies: A's response waits for a
+    replica that stays, C, instead of being claimed by one on its way out."""
+    long = {"completion": harmony(("final", WORDS * 6)), "token_delay_ms": 15}  # ~15 s
+    a = ServerProcess(tmp_path, "a", pg_url, {"turns": [long]}, env=FAST_LEASES)
+    b = ServerProcess(tmp_path, "b", pg_url, {"turns": [long]}, env={**FAST_LEASES, "RESPONSES_LEDGER_DRAIN_S": "30"})
+    processes.extend([a, b])
+    on_a, on_b = _background(a.base_url), _background(b.base_url)
+    _wait_status(a.base_url, on_a, "in_progress")
+    _wait_status(b.base_url, on_b, "in_progress")
+    b.signal(signal.SIGTERM)
+    deadline = time.monotonic() + 10
+    while httpx.get(b.base_url + "/health/ready", timeout=5).status_code != 503:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    a.kill()
+    time.sleep(2.5)  # A's lease (1 s) is long gone, and B sweeps every 0.25 s
+    assert "taken over" not in b.log_text()
+    c = ServerProcess(tmp_path, "c", pg_url, {"turns": [long]}, env=FAST_LEASES)
+    processes.append(c)
+    deadline = time.monotonic() + 20
+    while True:
+        audit = httpx.get(f"{c.base_url}/v1/responses/{on_a}/events", timeout=10).json()["audit"]
+        takeovers = [x["detail"] for x in audit if x["kind"] == "takeover"]
+        if takeovers:
+            break
+        assert time.monotonic() < deadline, "nobody took A's response over"
+        time.sleep(0.1)
+    (record,) = takeovers
+    assert record["to_replica"] != record["from_replica"]
+    assert f"response {on_a}: taken over" in c.log_text()
+    assert f"response {on_a}: taken over" not in b.log_text()
