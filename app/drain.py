@@ -52,11 +52,14 @@ class Drain:
 
     async def run(self, service: ResponseService) -> None:
         """Drain ``service``; returns when the server may exit."""
-        self.draining = True
-        log.warning("draining: no new responses; %d in flight get up to %g s", len(service.live_runs()), self.drain_s)
-        deadline = time.monotonic() + self.drain_s
-        while service.live_runs() and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
+        self.draining = True  # no new responses here, and no takeovers (``app.takeover``)
+        runs = service.live_runs()
+        log.warning("draining: no new responses; %d in flight get up to %g s", len(runs), self.drain_s)
+        if runs:
+            waiters = [asyncio.create_task(run.finished.wait()) for run in runs]
+            await asyncio.wait(waiters, timeout=self.drain_s)
+            for waiter in waiters:
+                waiter.cancel()
         runs = service.live_runs()
         if not runs:
             return
@@ -71,9 +74,7 @@ class Drain:
             log.warning("draining: handing %d response(s) to %d other replica(s)", len(runs), len(others))
             await service.hand_off(runs)
             self._streams_deadline = time.monotonic() + self.drain_s
-            while service.open_streams and not self.streams_over():
-                await asyncio.sleep(0.05)
-            # the followers notice the deadline at their next wake-up (at most a second)
+            # past the deadline the followers end at their next wake-up (within a second)
             while service.open_streams and time.monotonic() < self._streams_deadline + 2:
                 await asyncio.sleep(0.05)
         else:
