@@ -360,7 +360,10 @@ class ClientStream(threading.Thread):
     def run(self) -> None:
         try:
             timeout = httpx.Timeout(30, read=self.read_timeout_s)
-            with httpx.Client(timeout=timeout) as client:
+            # no pooled connections: every leg's connection is closed with it (one left in the
+            # pool to a replica that was then killed was closed only by the GC)
+            limits = httpx.Limits(max_keepalive_connections=0)
+            with httpx.Client(timeout=timeout, limits=limits) as client:
                 outcome = self._leg(client, resume=self.follow is not None)
                 give_up = time.monotonic() + self.resume_within_s
                 while outcome is not None and self.failure is None:
