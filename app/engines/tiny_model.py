@@ -1,8 +1,9 @@
-"""gpt-oss model directories that need no download: a ``config.json`` and nothing else.
+"""gpt-oss model directories that need no download: a ``config.json`` and the tokenizer files.
 
-vLLM's ``load_format="dummy"`` fills every weight with random values, and ``skip_tokenizer_init``
-means no tokenizer files are read (Harmony tokenises), so a directory holding only the model's
-``config.json`` is a complete model for vLLM. That gives the test suite a real vLLM engine without
+vLLM's ``load_format="dummy"`` fills every weight with random values, so a directory holding the
+model's ``config.json`` is a complete model for vLLM. The o200k_harmony tokenizer files, built offline and
+checked id for id against openai_harmony (:mod:`app.harmony_tokenizer`), are written beside it:
+vLLM's structured outputs need them. That gives the test suite a real vLLM engine without
 weights, and a GPU benchmark the real gpt-oss-20b shapes without a 13 GB download. Random weights
 write random tokens: such a model tests the pipeline, never the words.
 
@@ -138,8 +139,11 @@ def gpt_oss_20b_config(*, mxfp4: bool = False) -> dict[str, Any]:
 
 
 def _write(directory: Path, config: dict[str, Any]) -> Path:
+    from app.harmony_tokenizer import write_tokenizer_files
+
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    write_tokenizer_files(directory)  # for vLLM's structured outputs (app.harmony_tokenizer)
     return directory
 
 
