@@ -38,6 +38,7 @@ from domain.errors import InvalidInput
 __all__ = [
     "INPUT_KEY",
     "CustomInputStream",
+    "custom_grammar",
     "custom_tool_as_function",
     "decode_custom_input",
     "encode_custom_input",
@@ -88,13 +89,28 @@ def custom_tool_as_function(
         )
     description = tool.get("description")
     lines = [description.strip()] if isinstance(description, str) and description.strip() else []
-    lines.append(
-        f'Call it with a JSON object {{"{INPUT_KEY}": "..."}} whose "{INPUT_KEY}" string is the '
-        "whole input."
-    )
+    if custom_grammar(tool) is not None:
+        lines.append("Write the input itself as the message of the call, not wrapped in JSON.")
+    else:
+        lines.append(
+            f'Call it with a JSON object {{"{INPUT_KEY}": "..."}} whose "{INPUT_KEY}" string is the '
+            "whole input."
+        )
     lines.extend(_format_lines(tool.get("format")))
     schema = json.loads(json.dumps(_SCHEMA))  # a fresh copy the caller may keep or change
     return name, "\n".join(lines), schema
+
+
+def custom_grammar(tool: Mapping[str, object]) -> tuple[str, str] | None:
+    """``(syntax, definition)`` of a custom tool whose ``format`` is a Lark or regex grammar: its
+    payload is written raw and held to the grammar (:mod:`domain.constraints`); else None."""
+    fmt = tool.get("format")
+    if not isinstance(fmt, Mapping) or fmt.get("type") != "grammar":
+        return None
+    syntax, definition = fmt.get("syntax"), fmt.get("definition")
+    if syntax in ("lark", "regex") and isinstance(definition, str):
+        return str(syntax), definition
+    return None
 
 
 def _format_lines(fmt: object) -> list[str]:

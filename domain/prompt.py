@@ -75,7 +75,7 @@ from openai_harmony import (
     ToolDescription,
 )
 
-from domain.custom_tools import custom_tool_as_function, encode_custom_input
+from domain.custom_tools import custom_grammar, custom_tool_as_function, encode_custom_input
 from domain.errors import InvalidInput
 
 __all__ = [
@@ -138,6 +138,9 @@ class PromptRequest:
     decrypt: Callable[[str], str] | None = None
     #: Looks up the item an ``item_reference`` names; None (or LookupError) when there is none.
     resolve_reference: Callable[[str], Item | None] | None = None
+    #: ``text.format`` when it is ``json_schema`` or ``json_object``: shown to the model in the
+    #: developer message's ``# Response Formats`` section, as gpt-oss was trained.
+    response_format: Mapping[str, object] | None = None
 
 
 @dataclass(frozen=True)
@@ -153,6 +156,13 @@ class OfferedTool:
     namespace: str | None
     description: str
     parameters: Mapping[str, object] | None = field(default=None, compare=False)
+    #: The declaration's parameter path (``tools[3]``, ``tools[2].tools[0]``).
+    param: str = field(default="tools", compare=False)
+    #: A function whose arguments are held to its schema (OpenAI's default: true).
+    strict: bool = field(default=False, compare=False)
+    #: A custom tool's grammar, ``(syntax, definition)`` with syntax ``lark`` or ``regex``: its
+    #: payload is written raw (no JSON envelope) and held to the grammar.
+    grammar: tuple[str, str] | None = field(default=None, compare=False)
 
     @property
     def recipient(self) -> str:
@@ -243,6 +253,12 @@ class _Catalog:
     def by_declared(self, namespace: str | None, name: str) -> OfferedTool | None:
         return next((t for t in self.tools if t.namespace == namespace and t.name == name), None)
 
+    def tool_called(self, namespace: object, name: str) -> OfferedTool | None:
+        """The offered tool a call to ``name`` (in ``namespace``) addresses, if it is offered."""
+        if not _is_plain_namespace(namespace):
+            return self.by_declared(str(namespace), name)
+        return self.by_declared(None, name) or self.by_declared("functions", name)
+
     def model_name(self, namespace: object, name: str) -> str:
         """The model-visible name of a call to ``name`` (in ``namespace``), offered or not."""
         if not _is_plain_namespace(namespace):
@@ -311,9 +327,11 @@ def _offered(
 ) -> OfferedTool:
     name = _required_str(tool, "name", param)
     parameters: dict[str, object] | None
+    strict, grammar = False, None
     if tool.get("type") == "custom":
         _, description, parameters = custom_tool_as_function(tool, param=param)
         kind: Literal["function", "custom"] = "custom"
+        grammar = custom_grammar(tool)
     else:
         raw = tool.get("description")
         description = raw if isinstance(raw, str) else ""
@@ -326,9 +344,10 @@ def _offered(
             )
         parameters = dict(schema) if schema is not None else None
         kind = "function"
+        strict = tool.get("strict") is not False
     if prefix and prefix.strip():
         description = f"{prefix.strip()}\n{description}" if description else prefix.strip()
-    return OfferedTool(model_name, kind, name, namespace, description, parameters)
+    return OfferedTool(model_name, kind, name, namespace, description, parameters, param, strict, grammar)
 
 
 def _match_named(catalog: _Catalog, kind: str, name: str) -> OfferedTool | None:
@@ -506,7 +525,12 @@ class _Conversation:
                     _required_str(item, "arguments", param)
                 self._call(item, str(arguments), param)
             case "custom_tool_call":
-                self._call(item, encode_custom_input(_required_str(item, "input", param)), param)
+                text = _required_str(item, "input", param)
+                tool = self._catalog.tool_called(item.get("namespace"), _required_str(item, "name", param))
+                if tool is not None and tool.grammar is not None:
+                    self._call(item, text, param, raw=True)  # as the model writes it
+                else:
+                    self._call(item, encode_custom_input(text), param)
             case "function_call_output" | "custom_tool_call_output":
                 self._output(item, param)
             case "item_reference" if resolved:
@@ -578,17 +602,17 @@ class _Conversation:
                 analysis=True,
             )
 
-    def _call(self, item: Item, arguments: str, param: str) -> None:
+    def _call(self, item: Item, arguments: str, param: str, *, raw: bool = False) -> None:
         name = _required_str(item, "name", param)
         call_id = _required_str(item, "call_id", param)
         model_name = self._catalog.model_name(item.get("namespace"), name)
         self._call_names[call_id] = model_name
-        self._append(
+        message = (
             Message.from_role_and_content(Role.ASSISTANT, arguments)
             .with_channel("commentary")
             .with_recipient(f"functions.{model_name}")
-            .with_content_type(_JSON_CONSTRAINT)
         )
+        self._append(message if raw else message.with_content_type(_JSON_CONSTRAINT))
 
     def _output(self, item: Item, param: str) -> None:
         call_id = _required_str(item, "call_id", param)
@@ -638,6 +662,25 @@ class _Conversation:
 
 
 _STOP_TOKENS: dict[str, tuple[int, ...]] = {}
+
+
+def response_formats_section(fmt: Mapping[str, object] | None) -> str | None:
+    """The developer message's ``# Response Formats`` section for a ``text.format``, as the
+    Harmony format specifies it: ``## name``, the description as a ``//`` comment, the schema."""
+    if not fmt or fmt.get("type") not in ("json_schema", "json_object"):
+        return None
+    name: str = "json_object"
+    description: object = "Any JSON object."
+    schema: dict[str, object] = {"type": "object"}
+    if fmt.get("type") == "json_schema":
+        name, description = str(fmt.get("name") or "response"), fmt.get("description")
+        given = fmt.get("schema")
+        schema = dict(given) if isinstance(given, Mapping) else {}
+    lines = ["# Response Formats", "", f"## {name}", ""]
+    if isinstance(description, str) and description.strip():
+        lines.extend(f"// {line}" for line in description.strip().splitlines())
+    lines.append(json.dumps(schema, ensure_ascii=False, separators=(",", ":")))
+    return "\n".join(lines)
 
 
 def _stop_tokens(encoding: HarmonyEncoding) -> tuple[int, ...]:
@@ -694,6 +737,9 @@ def render_prompt(encoding: HarmonyEncoding, request: PromptRequest) -> Rendered
     ).with_required_channels(list(_CHANNELS))
     messages: list[Any] = [Message.from_role_and_content(Role.SYSTEM, system)]
     instructions = [t for t in (request.instructions, *conversation.system_texts) if t]
+    formats = response_formats_section(request.response_format)
+    if formats:
+        instructions.append(formats)
     if instructions or offered:
         developer = DeveloperContent.new()
         if instructions:

@@ -108,6 +108,11 @@ def call(name: str, arguments: str) -> str:
     return f"<|start|>assistant<|channel|>commentary to=functions.{name} <|constrain|>json<|message|>{arguments}<|call|>"
 
 
+def raw_call(name: str, payload: str) -> str:
+    """A grammar custom tool's call: its payload raw, without ``<|constrain|>json``."""
+    return call(name, payload).replace(" <|constrain|>json", "")
+
+
 def result(name: str, text: str) -> str:
     if LAYOUT == "role":
         return (
@@ -1181,7 +1186,7 @@ CODEX_EXPECTED = (
     "# Tools\n\n## functions\n\nnamespace functions {\n\n"
     "// Runs a command in a PTY.\ntype exec_command = (_: {\n// The command to run.\ncmd: string,\n}) => any;\n\n"
     "// Use the `apply_patch` tool to edit files.\n"
-    '// Call it with a JSON object {"input": "..."} whose "input" string is the whole input.\n'
+    "// Write the input itself as the message of the call, not wrapped in JSON.\n"
     "// The input must follow this Lark grammar:\n// ```lark\n"
     "// start: begin_patch hunk+ end_patch\n"
     '// begin_patch: "*** Begin Patch" LF\n'
@@ -1202,9 +1207,9 @@ CODEX_EXPECTED = (
     # The first turn ended in a final answer: its two analysis messages are gone.
     + call("exec_command", '{"cmd":"pytest -q"}')
     + result("exec_command", "F\nFAILED test_math.py::test_add - assert 3 == 4\n1 failed")
-    + call(
+    + raw_call(
         "apply_patch",
-        '{"input":"*** Begin Patch\\n*** Update File: math.py\\n-    return a - b\\n+    return a + b\\n*** End Patch\\n"}',
+        "*** Begin Patch\n*** Update File: math.py\n-    return a - b\n+    return a + b\n*** End Patch\n",
     )
     + result("apply_patch", "Success. Updated the following files:\nM math.py\n")
     + say("final", "Fixed `add` in math.py; the test passes now.")
