@@ -27,7 +27,7 @@ from typing import Any
 
 from openai_harmony import HarmonyEncoding
 
-from app import offload
+from app import constraints, offload
 from app.chunked_render import ChunkedEncoding, is_panic, text_size_over
 from app.drain import Drain
 from app.engines.protocol import Engine, EngineChunk, EngineError, PromptTooLong, Sampling
@@ -337,6 +337,7 @@ class ResponseService:
         (over ``_LARGE_PROMPT_CHARS`` of text) is rendered in a worker thread, its long texts in
         short Harmony calls (:mod:`app.chunked_render`): Harmony holds the GIL while it works, so
         an 8 MB message rendered in one call stalled every stream for 0.6 s."""
+        constraints.check_tool_formats(request.tools)
         effort = (request.reasoning.effort if request.reasoning else None) or self.settings.default_reasoning_effort
         # item_reference: an item of the previous_response_id chain or of this request's input
         known = {
@@ -354,6 +355,7 @@ class ResponseService:
             history_length=len(history),
             decrypt=self.cipher.decrypt,
             resolve_reference=known.get,
+            response_format=(request.text or {}).get("format"),
         )
         vocab_size = self.engine.vocab_size
         if text_size_over((request.instructions, request.tools, history, input_items), _LARGE_PROMPT_CHARS):
@@ -373,6 +375,7 @@ class ResponseService:
             top_p=request.top_p,
             seed=request.seed,
             stop_token_ids=rendered.stop_token_ids,
+            grammar=constraints.grammar_for((request.text or {}).get("format"), rendered, self.engine.constrains),
         )
 
     def _skeleton(self, request: CreateResponse, response_id: str, created_at: int, model: str) -> dict[str, Any]:

@@ -99,6 +99,7 @@ class GenerationSpec:
                 "top_p": s.top_p,
                 "seed": s.seed,
                 "stop_token_ids": list(s.stop_token_ids),
+                "grammar": s.grammar,
             },
             "custom_tools": list(self.custom_tools),
             "prefill": list(self.prefill),
@@ -117,6 +118,7 @@ class GenerationSpec:
                 top_p=s["top_p"],
                 seed=s["seed"],
                 stop_token_ids=tuple(s["stop_token_ids"]),
+                grammar=s.get("grammar"),
             ),
             custom_tools=tuple(data["custom_tools"]),
             prefill=tuple(data["prefill"]),
@@ -239,6 +241,9 @@ class Takeovers:
             finish = "stop"
         elif spec.sampling.max_tokens is not None and len(tokens) >= spec.sampling.max_tokens:
             finish = "length"
+        if finish is None and spec.sampling.grammar is not None and tokens:
+            # vLLM would start the grammar again at the continuation's first token
+            raise CannotContinue(f"{why}, and its output is held to a grammar that cannot resume mid-turn")
         limit = service.engine.max_model_len
         if finish is None and limit is not None and len(prompt_ids) + len(tokens) >= limit:
             raise CannotContinue(f"{why}, and its context is full ({limit} tokens)")

@@ -141,6 +141,9 @@ def write_token_times(directory: Path, request_id: str, times: array) -> None:
 class EchoEngine:
     vocab_size = 201088
     max_model_len: int | None = None
+    #: Its answer is fixed by the prompt (or the script): it cannot enforce a grammar, and is
+    #: never given one (structured outputs are shown to the model in the prompt only).
+    constrains = False
 
     def __init__(self, encoding: HarmonyEncoding, model_names: Sequence[str]) -> None:
         self._encoding = encoding

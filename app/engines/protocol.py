@@ -34,6 +34,9 @@ class Sampling:
     # scripted engines, whose answer is fixed by the prompt or the script, use it to find the
     # completion being continued and resume it after its first `generated` tokens.
     generated: int = 0
+    #: An llguidance Lark grammar for everything generated (``app.constraints``), or None. Only an
+    #: engine whose ``constrains`` is true is ever given one.
+    grammar: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +81,8 @@ class Engine(Protocol):
     vocab_size: int
     #: Context length (prompt + output), or None when unbounded.
     max_model_len: int | None
+    #: Whether the engine enforces ``Sampling.grammar`` (structured outputs).
+    constrains: bool
 
     async def start(self) -> None: ...
 

@@ -1,10 +1,16 @@
 """vLLM's async engine (``AsyncLLM``) in the server's process: the production engine.
 
-The engine is fed token ids and streams token ids. Harmony does all tokenising, so vLLM starts with
-``skip_tokenizer_init=True``, every prompt goes in as ``TokensPrompt(prompt_token_ids=...)`` and
-every request asks for ``RequestOutputKind.DELTA`` with ``detokenize=False``. Without a tokenizer
-vLLM knows no EOS token, so ``<|return|>`` and ``<|call|>`` are always passed as
-``stop_token_ids``.
+The engine is fed token ids and streams token ids. Harmony does all tokenising and detokenising:
+every prompt goes in as ``TokensPrompt(prompt_token_ids=...)`` and every request asks for
+``RequestOutputKind.DELTA`` with ``detokenize=False``; ``<|return|>`` and ``<|call|>`` are always
+passed as ``stop_token_ids``.
+
+Structured outputs (``Sampling.grammar``, see :mod:`app.constraints`) need vLLM to know what each
+token id is, so when the model directory holds a ``tokenizer.json`` (a real gpt-oss has its own;
+:mod:`app.engines.tiny_model` writes the o200k_harmony one built offline) or ``--tokenizer``
+names one, vLLM loads it and decodes grammars with the ``guidance`` backend (llguidance, which
+reads Lark grammars with Harmony's special tokens); the engine then ``constrains``. Without a
+tokenizer vLLM starts with ``skip_tokenizer_init=True`` and a constrained request is refused.
 
 Checks done here because vLLM does not do them (or does them badly) without a tokenizer:
 
@@ -35,9 +41,14 @@ argument                           environment variable                        d
 ``--enforce-eager``                ``RESPONSES_LEDGER_VLLM_ENFORCE_EAGER``     off (``1``: on)
 ``--seed``                         ``RESPONSES_LEDGER_VLLM_SEED``              0
 ``--load-format``                  ``RESPONSES_LEDGER_VLLM_LOAD_FORMAT``       ``auto``
+``--tokenizer``                    ``RESPONSES_LEDGER_VLLM_TOKENIZER``         the model's, if any
+``--logit-bias`` (JSON)            ``RESPONSES_LEDGER_VLLM_LOGIT_BIAS``        ``{}``
 ``--vllm-engine-args`` (JSON)      ``RESPONSES_LEDGER_VLLM_ENGINE_ARGS``       ``{}``
 =================================  ==========================================  ==================
 
+``--logit-bias`` is a JSON object of token id -> bias added to every request (a request's own bias
+wins for the same id). It is for random-weight models, which never end a message by chance:
+``{"200007": 6}`` makes ``<|end|>`` likely, so a test model's reasoning ends after a few tokens.
 ``--vllm-engine-args`` is a JSON object of any further ``AsyncEngineArgs`` fields, e.g.
 ``{"max_num_seqs": 128, "enable_prefix_caching": false}``. ``--load-format dummy`` fills the
 weights with random values (see ``app.engines.tiny_model``). The model variables are the ones
@@ -60,6 +71,7 @@ import os
 import re
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
@@ -108,6 +120,11 @@ class VllmEngineConfig:
     enforce_eager: bool = False
     seed: int | None = 0
     load_format: str = "auto"
+    #: A tokenizer (directory or name) for structured outputs; None: the model directory's
+    #: ``tokenizer.json`` when it has one, else none (no structured outputs).
+    tokenizer: str | None = None
+    #: token id -> bias added to every request (random-weight test models).
+    logit_bias: Mapping[int, float] = field(default_factory=dict)
     #: Passed to ``AsyncEngineArgs`` as they are, after (and over) the fields above.
     extra_engine_args: Mapping[str, Any] = field(default_factory=dict)
 
@@ -118,17 +135,28 @@ class VllmEngineConfig:
         object.__setattr__(
             self, "extra_engine_args", MappingProxyType(dict(self.extra_engine_args))
         )
+        object.__setattr__(
+            self, "logit_bias", MappingProxyType({int(k): float(v) for k, v in self.logit_bias.items()})
+        )
 
     @property
     def model_names(self) -> tuple[str, ...]:
         return self.served_model_names or (self.model,)
 
+    @property
+    def resolved_tokenizer(self) -> str | None:
+        """The tokenizer vLLM loads (see :attr:`tokenizer`), or None."""
+        if self.tokenizer:
+            return self.tokenizer
+        return self.model if (Path(self.model) / "tokenizer.json").is_file() else None
+
     def engine_args(self) -> dict[str, Any]:
         """Keyword arguments for ``vllm.engine.arg_utils.AsyncEngineArgs``."""
+        tokenizer = self.resolved_tokenizer
         args: dict[str, Any] = {
             "model": self.model,
             "served_model_name": list(self.model_names),
-            "skip_tokenizer_init": True,
+            "skip_tokenizer_init": tokenizer is None,
             "tensor_parallel_size": self.tensor_parallel_size,
             "data_parallel_size": self.data_parallel_size,
             "dtype": self.dtype,
@@ -144,9 +172,10 @@ class VllmEngineConfig:
             "kv_cache_memory_bytes": self.kv_cache_memory_bytes,
         }
         args.update({key: value for key, value in optional.items() if value is not None})
+        if tokenizer is not None:
+            args["tokenizer"] = tokenizer
+            args["structured_outputs_config"] = {"backend": "guidance"}
         args.update(self.extra_engine_args)
-        if not args.get("skip_tokenizer_init"):
-            raise ValueError("VllmEngine needs skip_tokenizer_init=True: Harmony tokenises")
         return args
 
 
@@ -198,6 +227,8 @@ _OPTIONS: dict[str, tuple[str, Any]] = {
     "enforce_eager": ("--enforce-eager", _parse_bool),
     "seed": ("--seed", int),
     "load_format": ("--load-format", str),
+    "tokenizer": ("--tokenizer", str),
+    "logit_bias": ("--logit-bias", _parse_json_object),
     "extra_engine_args": ("--vllm-engine-args", _parse_json_object),
 }
 _ENV_NAMES = {name: f"{_ENV_PREFIX}{name.upper()}" for name in _OPTIONS} | {
@@ -217,7 +248,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
     group = parser.add_argument_group("vLLM engine", "(environment: RESPONSES_LEDGER_VLLM_*)")
     for name, (option, convert) in _OPTIONS.items():
         help_text = f"env {_ENV_NAMES[name]}"
-        metavar = "JSON" if name == "extra_engine_args" else option[2:].upper().replace("-", "_")
+        metavar = "JSON" if name in ("extra_engine_args", "logit_bias") else option[2:].upper().replace("-", "_")
         if name == "served_model_names":
             group.add_argument(
                 option, dest=name, action="append", default=None, metavar="NAME", help=help_text
@@ -287,6 +318,10 @@ class VllmEngine:
         self.max_model_len: int | None = config.max_model_len
         self._llm: AsyncLLM | None = None
         self._dead: str | None = None
+        #: Structured outputs (``Sampling.grammar``) are enforced: vLLM has a tokenizer.
+        self.constrains: bool = config.resolved_tokenizer is not None
+        #: Added to every request's ``logit_bias`` (``--logit-bias``).
+        self.logit_bias: dict[int, float] = dict(config.logit_bias)
 
     async def start(self) -> None:
         """Start vLLM's engine core (blocks the loop while it loads, as vLLM's own server does)."""
@@ -356,7 +391,10 @@ class VllmEngine:
         prompt = list(prompt_token_ids)
         self._check_prompt(prompt)
         max_tokens = self._max_tokens(len(prompt), sampling.max_tokens)
+        if sampling.grammar is not None and not self.constrains:
+            raise EngineError("this vLLM engine has no tokenizer, so it cannot enforce a grammar")
         self._check_ids(sampling.logit_bias, "logit_bias token id")
+        self._check_ids(self.logit_bias, "--logit-bias token id")
         self._check_ids(sampling.stop_token_ids, "stop token id")
         return self._stream(prompt, sampling, max_tokens, request_id)
 
@@ -398,7 +436,7 @@ class VllmEngine:
         return requested
 
     def _sampling_params(self, sampling: Sampling, max_tokens: int) -> Any:
-        from vllm.sampling_params import RequestOutputKind, SamplingParams
+        from vllm.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
 
         stop = list(dict.fromkeys((*HARMONY_STOP_TOKEN_IDS, *sampling.stop_token_ids)))
         optional = {
@@ -409,10 +447,11 @@ class VllmEngine:
         return SamplingParams(
             max_tokens=max_tokens,
             stop_token_ids=stop,
-            logit_bias=dict(sampling.logit_bias) or None,
+            logit_bias={**self.logit_bias, **sampling.logit_bias} or None,
             output_kind=RequestOutputKind.DELTA,
             detokenize=False,
             skip_special_tokens=False,
+            structured_outputs=StructuredOutputsParams(grammar=sampling.grammar) if sampling.grammar else None,
             **{key: value for key, value in optional.items() if value is not None},
         )
 

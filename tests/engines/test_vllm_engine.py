@@ -17,7 +17,7 @@ import pytest
 
 from app.encoding import load_encoding
 from app.engines.protocol import EngineChunk, EngineError, PromptTooLong, Sampling
-from app.engines.tiny_model import write_gpt_oss_20b_config
+from app.engines.tiny_model import write_gpt_oss_20b_config, write_tiny_config
 from app.engines.vllm import (
     HARMONY_STOP_TOKEN_IDS,
     VllmEngine,
@@ -106,7 +106,8 @@ def test_config_from_environment() -> None:
         extra_engine_args={"max_num_seqs": 64},
     )
     args = config.engine_args()
-    assert args["skip_tokenizer_init"] is True
+    assert args["skip_tokenizer_init"] is True  # no tokenizer.json there: no structured outputs
+    assert "structured_outputs_config" not in args and not VllmEngine(config).constrains
     assert args["served_model_name"] == ["gpt-oss-20b", "openai/gpt-oss-20b"]
     assert args["kv_cache_memory_bytes"] == 3 << 29
     assert args["max_num_seqs"] == 64
@@ -151,10 +152,20 @@ def test_config_defaults_and_errors() -> None:
         engine_config_from(
             environ={"RESPONSES_LEDGER_MODEL": "/m", "RESPONSES_LEDGER_VLLM_ENGINE_ARGS": "[1]"}
         )
-    with pytest.raises(ValueError, match="skip_tokenizer_init"):
-        VllmEngineConfig(model="/m", extra_engine_args={"skip_tokenizer_init": False}).engine_args()
+    named = VllmEngineConfig(model="/m", tokenizer="/tok").engine_args()
+    assert (named["skip_tokenizer_init"], named["tokenizer"]) == (False, "/tok")
+    assert named["structured_outputs_config"] == {"backend": "guidance"}
     with pytest.raises(TypeError, match="colour"):
         engine_config_from(environ={"RESPONSES_LEDGER_MODEL": "/m"}, colour="red")
+
+
+def test_a_model_directory_with_a_tokenizer_constrains(tmp_path: Path) -> None:
+    """The tiny model's directory gets the o200k_harmony tokenizer, so vLLM loads it."""
+    directory = write_tiny_config(tmp_path / "tiny")
+    config = VllmEngineConfig(model=str(directory))
+    args = config.engine_args()
+    assert (args["skip_tokenizer_init"], args["tokenizer"]) == (False, str(directory))
+    assert VllmEngine(config).constrains
 
 
 async def test_generate_before_start_refuses() -> None:
