@@ -2,10 +2,11 @@
 
 A Responses API custom tool (``{"type": "custom", "name", "description", "format"}``) takes free
 text, optionally described by a grammar (``format: {"type": "grammar", "syntax": "lark" | "regex",
-"definition": ...}``). Harmony only knows JSON function calls, so a custom tool is shown to the
-model as a function in the ``functions`` namespace whose one parameter is ``{"input": string}``
-and whose description carries the format. The grammar is *described, not enforced*: the payload
-sits inside the model's own tool-call envelope, where constrained decoding cannot reach it alone.
+"definition": ...}``). Harmony only knows function calls, so a custom tool is shown to the model as
+a function in the ``functions`` namespace whose one parameter is ``{"input": string}`` and whose
+description carries the format. A tool with a Lark or regex grammar (:func:`custom_grammar`) is
+told to write its input *raw*, as the call's message, and on an engine that constrains the
+payload is held to the grammar (:mod:`domain.constraints`); its past calls are replayed raw too.
 
 Going back, the call's JSON arguments are unwrapped to the text. The model does not always follow
 the schema, so the unwrapping is tolerant, and it is defined by one incremental machine,

@@ -53,6 +53,9 @@ def _config(
     return {
         "architectures": ["GptOssForCausalLM"],
         "model_type": "gpt_oss",
+        # as in gpt-oss's own config.json; without it transformers takes the directory for a
+        # Mistral one and warns that its tokenizer's pattern is wrong
+        "transformers_version": "4.55.0",
         "attention_bias": True,
         "attention_dropout": 0.0,
         "eos_token_id": _RETURN,
