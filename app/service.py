@@ -413,7 +413,7 @@ class ResponseService:
         skeleton["top_logprobs"] = request.top_logprobs or 0
         skeleton["presence_penalty"] = request.presence_penalty or 0.0
         skeleton["frequency_penalty"] = request.frequency_penalty or 0.0
-        skeleton["prompt_cache_retention"] = data.get("prompt_cache_retention")
+        skeleton["prompt_cache_retention"] = request.prompt_cache_retention
         return skeleton
 
     # -- generate --------------------------------------------------------------------------------

@@ -30,11 +30,18 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 
 
 def _literal_values(alias: Any) -> list[str]:
-    return [v for arg in typing.get_args(alias) for v in (typing.get_args(arg) or [arg]) if isinstance(v, str)]
+    return [
+        v
+        for arg in typing.get_args(alias)
+        for v in (typing.get_args(arg) or [arg])
+        if isinstance(v, str)
+    ]
 
 
 def test_every_field_of_the_sdks_create_params_is_in_the_table() -> None:
-    sdk = set(ResponseCreateParamsBase.__annotations__) | set(ResponseCreateParamsStreaming.__annotations__)
+    sdk = set(ResponseCreateParamsBase.__annotations__) | set(
+        ResponseCreateParamsStreaming.__annotations__
+    )
     table = {p.name for p in PARAMETERS if p.sdk}
     assert sdk - table == set(), "SDK fields missing from app.contract.PARAMETERS"
     assert table - sdk == set(), "marked as SDK fields but not in the SDK"

@@ -31,7 +31,12 @@ def test_a_generation_spec_round_trips_with_its_sampling_and_penalties() -> None
 
 def test_a_spec_recorded_before_the_penalties_reads_as_none() -> None:
     data = GenerationSpec(
-        sampling=Sampling(), custom_tools=(), prefill=(), function_names={}, forced_call=False, encrypt_reasoning=False
+        sampling=Sampling(),
+        custom_tools=(),
+        prefill=(),
+        function_names={},
+        forced_call=False,
+        encrypt_reasoning=False,
     ).to_json()
     del data["sampling"]["presence_penalty"], data["sampling"]["frequency_penalty"]
     sampling = GenerationSpec.from_json(data).sampling

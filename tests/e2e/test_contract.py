@@ -31,7 +31,12 @@ FUNCTION = {
 
 
 def _literal_values(alias: Any) -> list[str]:
-    return [v for arg in typing.get_args(alias) for v in (typing.get_args(arg) or [arg]) if isinstance(v, str)]
+    return [
+        v
+        for arg in typing.get_args(alias)
+        for v in (typing.get_args(arg) or [arg])
+        if isinstance(v, str)
+    ]
 
 
 def _refused(client: OpenAI, **kwargs: Any) -> dict[str, Any]:
@@ -57,7 +62,9 @@ def _answered(engine: ScriptedEngine, client: OpenAI, **kwargs: Any) -> Response
 
 
 @pytest.mark.parametrize("name", ["no_such_parameter", "messages", "n"])
-def test_an_unknown_top_level_parameter_is_openais_unknown_parameter(client: OpenAI, name: str) -> None:
+def test_an_unknown_top_level_parameter_is_openais_unknown_parameter(
+    client: OpenAI, name: str
+) -> None:
     error = _refused(client, extra_body={name: 1})
     assert error == {
         "message": f"Unrecognized request argument supplied: {name}",
@@ -95,7 +102,12 @@ HOSTED = [
     {"type": "code_interpreter", "container": {"type": "auto"}},
     {"type": "mcp", "server_label": "deepwiki", "server_url": "https://mcp.deepwiki.com/mcp"},
     {"type": "image_generation"},
-    {"type": "computer_use_preview", "display_width": 1024, "display_height": 768, "environment": "linux"},
+    {
+        "type": "computer_use_preview",
+        "display_width": 1024,
+        "display_height": 768,
+        "environment": "linux",
+    },
     {"type": "local_shell"},
     {"type": "shell"},
     {"type": "apply_patch"},
@@ -103,7 +115,9 @@ HOSTED = [
 
 
 @pytest.mark.parametrize("tool", HOSTED, ids=lambda tool: str(tool["type"]))
-def test_a_hosted_tool_is_a_400_naming_it_and_the_supported_types(client: OpenAI, tool: dict[str, Any]) -> None:
+def test_a_hosted_tool_is_a_400_naming_it_and_the_supported_types(
+    client: OpenAI, tool: dict[str, Any]
+) -> None:
     error = _refused(client, tools=[FUNCTION, tool])
     assert error["param"] == "tools[1].type"
     assert f"'{tool['type']}'" in error["message"] and "hosted tool" in error["message"]
@@ -113,7 +127,12 @@ def test_a_hosted_tool_is_a_400_naming_it_and_the_supported_types(client: OpenAI
 def test_an_unknown_tool_type_and_one_inside_a_namespace_are_400s(client: OpenAI) -> None:
     error = _refused(client, tools=[{"type": "teleport"}])
     assert error["param"] == "tools[0].type" and "Unknown tool type 'teleport'" in error["message"]
-    namespace = {"type": "namespace", "name": "crm", "description": "CRM.", "tools": [FUNCTION, {"type": "mcp"}]}
+    namespace = {
+        "type": "namespace",
+        "name": "crm",
+        "description": "CRM.",
+        "tools": [FUNCTION, {"type": "mcp"}],
+    }
     error = _refused(client, tools=[namespace])
     assert error["param"] == "tools[0].tools[1].type"
 
@@ -121,8 +140,15 @@ def test_an_unknown_tool_type_and_one_inside_a_namespace_are_400s(client: OpenAI
 def test_every_sdk_tool_type_is_offered_or_refused_as_hosted() -> None:
     from openai.types.responses.tool_param import ToolParam
 
-    sdk = {v for member in typing.get_args(ToolParam) for v in _literal_values(member.__annotations__["type"])}
-    assert sdk <= {*SUPPORTED_TOOL_TYPES, *HOSTED_TOOL_TYPES}, sdk - {*SUPPORTED_TOOL_TYPES, *HOSTED_TOOL_TYPES}
+    sdk = {
+        v
+        for member in typing.get_args(ToolParam)
+        for v in _literal_values(member.__annotations__["type"])
+    }
+    assert sdk <= {*SUPPORTED_TOOL_TYPES, *HOSTED_TOOL_TYPES}, sdk - {
+        *SUPPORTED_TOOL_TYPES,
+        *HOSTED_TOOL_TYPES,
+    }
 
 
 def test_offered_tool_types_still_work(client: OpenAI, engine: ScriptedEngine) -> None:
@@ -155,9 +181,15 @@ def test_an_include_of_a_hosted_tool_is_a_400_saying_why(client: OpenAI, value: 
     assert "hosted tool this server does not run" in error["message"]
 
 
-def test_the_includes_the_server_delivers_are_accepted(client: OpenAI, engine: ScriptedEngine) -> None:
+def test_the_includes_the_server_delivers_are_accepted(
+    client: OpenAI, engine: ScriptedEngine
+) -> None:
     sdk = set(_literal_values(ResponseIncludable))
-    kept = ["reasoning.encrypted_content", "message.output_text.logprobs", "message.input_image.image_url"]
+    kept = [
+        "reasoning.encrypted_content",
+        "message.output_text.logprobs",
+        "message.input_image.image_url",
+    ]
     assert set(kept) <= sdk
     _answered(engine, client, include=kept, top_logprobs=2)
 
@@ -172,11 +204,17 @@ def test_the_includes_the_server_delivers_are_accepted(client: OpenAI, engine: S
         ({"format": {}}, "text.format.type"),
         ({"format": "json"}, "text.format"),
         ({"format": {"type": "json_schema", "schema": {"type": "object"}}}, "text.format.name"),
-        ({"format": {"type": "json_schema", "name": "has space", "schema": {}}}, "text.format.name"),
+        (
+            {"format": {"type": "json_schema", "name": "has space", "schema": {}}},
+            "text.format.name",
+        ),
         ({"format": {"type": "json_schema", "name": "x" * 65, "schema": {}}}, "text.format.name"),
         ({"format": {"type": "json_schema", "name": "answer"}}, "text.format.schema"),
         ({"format": {"type": "json_schema", "name": "answer", "schema": []}}, "text.format.schema"),
-        ({"format": {"type": "json_schema", "name": "a", "schema": {}, "strict": "yes"}}, "text.format.strict"),
+        (
+            {"format": {"type": "json_schema", "name": "a", "schema": {}, "strict": "yes"}},
+            "text.format.strict",
+        ),
         ({"verbosity": "chatty"}, "text.verbosity"),
     ],
 )
@@ -196,7 +234,11 @@ def test_a_text_config_of_the_wrong_shape_is_a_400_naming_the_field(
                 "type": "json_schema",
                 "name": "weather-report_2",
                 "description": "A report.",
-                "schema": {"type": "object", "properties": {"t": {"type": "number"}}, "required": ["t"]},
+                "schema": {
+                    "type": "object",
+                    "properties": {"t": {"type": "number"}},
+                    "required": ["t"],
+                },
                 "strict": True,
             },
             "verbosity": "low",
@@ -252,7 +294,9 @@ def _raw(response: Response) -> dict[str, Any]:
 def test_penalties_are_echoed_zero_by_default(client: OpenAI, engine: ScriptedEngine) -> None:
     raw = _raw(_answered(engine, client))
     assert raw["presence_penalty"] == 0 and raw["frequency_penalty"] == 0
-    raw = _raw(_answered(engine, client, extra_body={"presence_penalty": 1.5, "frequency_penalty": -0.5}))
+    raw = _raw(
+        _answered(engine, client, extra_body={"presence_penalty": 1.5, "frequency_penalty": -0.5})
+    )
     assert raw["presence_penalty"] == 1.5 and raw["frequency_penalty"] == -0.5
 
 
@@ -292,10 +336,49 @@ def test_streamed_snapshots_and_a_get_carry_every_field_of_the_sdk_response(
     assert client.responses.retrieve(response_id).completed_at == got["completed_at"]
 
 
-def test_a_background_post_answers_with_every_field(ledger: RunningServer, engine: ScriptedEngine) -> None:
+def test_a_background_post_answers_with_every_field(
+    ledger: RunningServer, engine: ScriptedEngine
+) -> None:
     engine.add_turns({"completion": harmony(("final", "Later."))})
     body = {"model": MODEL, "input": "hi", "background": True}
     queued = httpx.post(ledger.base_url + "/v1/responses", json=body, timeout=60).json()
     assert set(queued) >= SDK_FIELDS, sorted(SDK_FIELDS - set(queued))
     assert queued["completed_at"] is None and queued["status"] in ("queued", "in_progress")
     json.dumps(queued)
+
+
+# -- hints ----------------------------------------------------------------------------------------
+
+
+def test_hints_are_accepted_and_the_echoed_ones_echoed(
+    client: OpenAI, engine: ScriptedEngine
+) -> None:
+    response = _answered(
+        engine,
+        client,
+        prompt_cache_key="k1",
+        prompt_cache_retention="24h",
+        safety_identifier="s1",
+        user="u1",
+        max_tool_calls=3,
+        parallel_tool_calls=False,
+        extra_body={
+            "image": {"context_compression": "auto"},
+            "prompt_cache_options": {"mode": "implicit"},
+            "background_options": {"completion_window": "soonest"},
+            "client_metadata": {"session_id": "x"},
+        },
+    )
+    assert (response.prompt_cache_key, response.prompt_cache_retention) == ("k1", "24h")
+    assert (response.safety_identifier, response.user) == ("s1", "u1")
+    assert (response.max_tool_calls, response.parallel_tool_calls) == (3, False)
+
+
+@pytest.mark.parametrize(
+    ("window", "code"), [("2h", "unsupported_value"), ("tomorrow", "invalid_value")]
+)
+def test_a_deferred_completion_window_is_a_400(client: OpenAI, window: str, code: str) -> None:
+    error = _refused(
+        client, background=True, extra_body={"background_options": {"completion_window": window}}
+    )
+    assert error["param"] == "background_options.completion_window" and error["code"] == code
