@@ -19,6 +19,7 @@ from starlette.routing import Route
 
 from app import transport
 from app.body import json_body
+from app.contract import check_request
 from app.errors import APIError, guard, not_found
 from app.limits import take_stream
 from app.live import Run
@@ -86,6 +87,7 @@ def _sse(frames: AsyncIterator[bytes], *, live: bool = False) -> EventSourceResp
 async def create_response(request: Request) -> Response:
     service = _service(request)
     body = await json_body(request, service.settings.max_body_bytes)
+    check_request(body)  # what the server cannot honour is a 400 naming it (app.contract)
     create = CreateResponse.model_validate(body)  # ValidationError -> 400 in app.errors
     if create.stream:
         take_stream(request)  # 429 when the key has all its streams open

@@ -29,6 +29,7 @@ from openai_harmony import HarmonyEncoding
 
 from app import constraints, offload
 from app.chunked_render import ChunkedEncoding, is_panic, text_size_over
+from app.contract import UNSET_FIELDS
 from app.drain import Drain
 from app.engines.protocol import Engine, EngineChunk, EngineError, PromptTooLong, Sampling
 from app.errors import APIError, not_found
@@ -374,6 +375,8 @@ class ResponseService:
             temperature=request.temperature,
             top_p=request.top_p,
             seed=request.seed,
+            presence_penalty=request.presence_penalty,
+            frequency_penalty=request.frequency_penalty,
             stop_token_ids=rendered.stop_token_ids,
             grammar=constraints.grammar_for((request.text or {}).get("format"), rendered, self.engine.constrains),
         )
@@ -381,6 +384,7 @@ class ResponseService:
     def _skeleton(self, request: CreateResponse, response_id: str, created_at: int, model: str) -> dict[str, Any]:
         data = request.model_dump()
         skeleton: dict[str, Any] = {
+            **UNSET_FIELDS,  # every field of OpenAI's Response, null until known
             "id": response_id,
             "object": "response",
             "created_at": created_at,
@@ -410,6 +414,9 @@ class ResponseService:
         skeleton["truncation"] = request.truncation or "disabled"
         skeleton["service_tier"] = request.service_tier or "default"
         skeleton["top_logprobs"] = request.top_logprobs or 0
+        skeleton["presence_penalty"] = request.presence_penalty or 0.0
+        skeleton["frequency_penalty"] = request.frequency_penalty or 0.0
+        skeleton["prompt_cache_retention"] = request.prompt_cache_retention
         return skeleton
 
     # -- generate --------------------------------------------------------------------------------

@@ -98,6 +98,8 @@ class GenerationSpec:
                 "temperature": s.temperature,
                 "top_p": s.top_p,
                 "seed": s.seed,
+                "presence_penalty": s.presence_penalty,
+                "frequency_penalty": s.frequency_penalty,
                 "stop_token_ids": list(s.stop_token_ids),
                 "grammar": s.grammar,
             },
@@ -117,6 +119,9 @@ class GenerationSpec:
                 temperature=s["temperature"],
                 top_p=s["top_p"],
                 seed=s["seed"],
+                # (absent from the records of servers that predate the penalties)
+                presence_penalty=s.get("presence_penalty"),
+                frequency_penalty=s.get("frequency_penalty"),
                 stop_token_ids=tuple(s["stop_token_ids"]),
                 grammar=s.get("grammar"),
             ),

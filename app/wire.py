@@ -1,7 +1,8 @@
 """Wire models: what ``POST /v1/responses`` accepts, validated at the edge with pydantic.
 
-Fields OpenAI documents are typed; unknown fields are accepted (``extra="allow"``) so clients that
-send newer parameters are not refused. Input items are checked only for being JSON objects with a
+Fields OpenAI documents are typed. Which top-level fields exist at all, and which values the
+server refuses, is :mod:`app.contract`'s table, checked before this model reads the body (so
+``extra="allow"`` here lets nothing unknown through). Input items are checked only for being JSON objects with a
 ``type`` or a ``role`` here: their shapes are checked by ``domain.prompt``, which knows every item
 a client may send and answers with the exact parameter path when one is wrong.
 """
@@ -17,7 +18,8 @@ __all__ = ["CreateResponse", "Reasoning"]
 
 class Reasoning(BaseModel):
     model_config = ConfigDict(extra="allow")
-    effort: Literal["minimal", "low", "medium", "high"] | None = None
+    #: Every value of the SDK's ``ReasoningEffort``; ``app.contract.EFFORTS`` says how each renders.
+    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
     summary: Literal["auto", "concise", "detailed"] | None = None
     generate_summary: str | None = None
 
@@ -45,11 +47,14 @@ class CreateResponse(BaseModel):
     user: str | None = None
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
+    prompt_cache_retention: Literal["in_memory", "24h"] | None = None
     truncation: Literal["auto", "disabled"] | None = None
     service_tier: str | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     max_tool_calls: int | None = Field(default=None, ge=1)
     stream_options: dict[str, Any] | None = None
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
     seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1)  # a 64-bit seed
 
     @field_validator("metadata")

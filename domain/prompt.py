@@ -35,8 +35,9 @@ Decisions, where the Responses API and Harmony do not line up:
 - gpt-oss reasoning convention: analysis before the last final-channel assistant message is
   dropped (that turn is over); analysis after it (a turn still working through tool calls) is
   kept. Harmony's own ``auto_drop_analysis`` is switched off so the rule is this one, stated here.
-- Tools the model cannot use (``web_search``, ``file_search``, ``local_shell``, ``mcp``, ...) are
-  left out and listed in :attr:`RenderedPrompt.omitted_tools`; they never fail the request.
+- Only ``function``, ``custom`` and ``namespace`` tools can be offered (:data:`OFFERED_TOOL_TYPES`);
+  any other type (a hosted tool, ``web_search``, ``mcp``, ...: nothing here would run it) is an
+  :class:`InvalidInput` naming ``tools[i].type``, never silently left out.
   ``namespace`` tools are flattened into the ``functions`` namespace: a member's model-visible name
   is Codex's ``nested_tool_public_name`` (``mcp__docs__`` + ``search`` -> ``mcp__docs__search``,
   ``crm`` + ``lookup`` -> ``crm_lookup``), with ``_2``, ``_3``... on a clash, and the namespace
@@ -81,6 +82,7 @@ from domain.errors import InvalidInput
 __all__ = [
     "DEFAULT_KNOWLEDGE_CUTOFF",
     "DEFAULT_MODEL_IDENTITY",
+    "OFFERED_TOOL_TYPES",
     "OfferedTool",
     "Prefill",
     "PromptRequest",
@@ -96,6 +98,8 @@ DEFAULT_KNOWLEDGE_CUTOFF = "2024-06"
 Item: TypeAlias = Mapping[str, object]
 
 _CHANNELS = ["analysis", "commentary", "final"]
+#: The tool types a prompt can offer (a ``namespace`` holds functions and custom tools).
+OFFERED_TOOL_TYPES = ("function", "custom", "namespace")
 _JSON_CONSTRAINT = "<|constrain|>json"
 _EFFORTS = {
     None: ReasoningEffort.MEDIUM,
@@ -107,6 +111,7 @@ _EFFORTS = {
     "none": ReasoningEffort.LOW,
     "minimal": ReasoningEffort.LOW,
     "xhigh": ReasoningEffort.HIGH,
+    "max": ReasoningEffort.HIGH,
 }
 _TEXT_PARTS = frozenset({"input_text", "output_text", "text", "reasoning_text", "summary_text"})
 
@@ -126,8 +131,8 @@ class PromptRequest:
     items: str | Sequence[Item] = ()
     tools: Sequence[Item] = ()
     tool_choice: object = None
-    #: ``"low" | "medium" | "high"``; None means medium (``none``/``minimal``/``xhigh`` map to the
-    #: nearest level).
+    #: ``"low" | "medium" | "high"``; None means medium (``none``/``minimal``/``xhigh``/``max`` map
+    #: to the nearest level).
     reasoning_effort: str | None = None
     knowledge_cutoff: str | None = DEFAULT_KNOWLEDGE_CUTOFF
     #: ``YYYY-MM-DD``, from the caller's clock; None leaves the line out.
@@ -209,8 +214,6 @@ class RenderedPrompt:
     stop_token_ids: tuple[int, ...]
     #: Offered tools, in the order the model sees them.
     tools: tuple[OfferedTool, ...]
-    #: Declared tool types that could not be offered (``namespace`` members as ``namespace:TYPE``).
-    omitted_tools: tuple[str, ...]
     tool_choice: ToolChoice
     prefill: Prefill | None = None
 
@@ -248,7 +251,6 @@ def _is_plain_namespace(namespace: object) -> bool:
 @dataclass(frozen=True)
 class _Catalog:
     tools: tuple[OfferedTool, ...]
-    omitted: tuple[str, ...]
 
     def by_declared(self, namespace: str | None, name: str) -> OfferedTool | None:
         return next((t for t in self.tools if t.namespace == namespace and t.name == name), None)
@@ -282,7 +284,6 @@ def _catalog(tools: Sequence[Item]) -> _Catalog:
             top.add(name)
     used = set(top)
     offered: list[OfferedTool] = []
-    omitted: list[str] = []
     for i, tool in enumerate(tools):
         kind = tool.get("type")
         if kind in ("function", "custom"):
@@ -302,15 +303,23 @@ def _catalog(tools: Sequence[Item]) -> _Catalog:
                 if not isinstance(member, Mapping):
                     raise InvalidInput("A tool must be an object", param=param, code="invalid_type")
                 if member.get("type") not in ("function", "custom"):
-                    omitted.append(f"namespace:{member.get('type')}")
-                    continue
+                    raise _not_offered(member.get("type"), param, ("function", "custom"))
                 name = _required_str(member, "name", param)
                 model_name = _unique(_namespaced_name(namespace, name), used)
                 prefix = ns_description if isinstance(ns_description, str) else None
                 offered.append(_offered(member, param, namespace, model_name, prefix))
         else:
-            omitted.append(str(kind))
-    return _Catalog(tuple(offered), tuple(omitted))
+            raise _not_offered(kind, f"tools[{i}]", OFFERED_TOOL_TYPES)
+    return _Catalog(tuple(offered))
+
+
+def _not_offered(kind: object, param: str, supported: Sequence[str]) -> InvalidInput:
+    return InvalidInput(
+        f"Tool type {kind!r} cannot be offered to the model (nothing here runs it); "
+        f"supported tool types: {', '.join(supported)}",
+        param=f"{param}.type",
+        code="unsupported_value",
+    )
 
 
 def _unique(name: str, used: set[str]) -> str:
@@ -772,7 +781,6 @@ def render_prompt(encoding: HarmonyEncoding, request: PromptRequest) -> Rendered
         token_ids=token_ids,
         stop_token_ids=stop,
         tools=offered,
-        omitted_tools=catalog.omitted,
         tool_choice=choice,
         prefill=prefill,
     )

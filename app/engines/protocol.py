@@ -24,6 +24,8 @@ class Sampling:
     temperature: float | None = None
     top_p: float | None = None
     seed: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
     # Always set by the service: the ids of <|return|> and <|call|>.
     stop_token_ids: tuple[int, ...] = ()
     # token id -> bias; lets tests force a stop token on a random-weight model.

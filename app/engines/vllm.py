@@ -453,6 +453,8 @@ class VllmEngine:
             "temperature": sampling.temperature,
             "top_p": sampling.top_p,
             "seed": sampling.seed,
+            "presence_penalty": sampling.presence_penalty,
+            "frequency_penalty": sampling.frequency_penalty,
         }
         return SamplingParams(
             max_tokens=max_tokens,

@@ -32,6 +32,7 @@ from app.encoding import load_encoding
 from domain.custom_tools import encode_custom_input
 from domain.errors import InvalidInput
 from domain.prompt import (
+    OFFERED_TOOL_TYPES,
     OfferedTool,
     PromptRequest,
     RenderedPrompt,
@@ -785,7 +786,6 @@ NAMESPACE = {
             "parameters": {"type": "object", "properties": {}},
         },
         {"type": "custom", "name": "raw_query", "description": "Raw query."},
-        {"type": "web_search"},
     ],
 }
 HOSTED = [
@@ -795,7 +795,7 @@ HOSTED = [
     {"type": "mcp", "server_label": "deepwiki", "server_url": "https://mcp.deepwiki.com/mcp"},
     {"type": "image_generation"},
 ]
-ALL_TOOLS = [*HOSTED[:2], FUNCTION, NAMESPACE, CUSTOM, *HOSTED[2:]]
+ALL_TOOLS = [FUNCTION, NAMESPACE, CUSTOM]
 
 TOOLS_DEVELOPER = (
     "<|start|>developer<|message|># Tools\n\n## functions\n\nnamespace functions {\n\n"
@@ -813,17 +813,9 @@ TOOLS_DEVELOPER = (
 )
 
 
-def test_offerable_tools_are_rendered_and_the_rest_left_out() -> None:
+def test_offerable_tools_are_rendered() -> None:
     prompt = render(items="hi", tools=ALL_TOOLS)
     assert text_of(prompt) == system(tools=True) + TOOLS_DEVELOPER + user("hi") + ASSISTANT
-    assert prompt.omitted_tools == (
-        "web_search",
-        "local_shell",
-        "namespace:web_search",
-        "file_search",
-        "mcp",
-        "image_generation",
-    )
     assert [(t.model_name, t.type, t.name, t.namespace) for t in prompt.tools] == [
         ("get_weather", "function", "get_weather", None),
         ("mcp__docs__search", "function", "search", "mcp__docs__"),
@@ -838,10 +830,15 @@ def test_offerable_tools_are_rendered_and_the_rest_left_out() -> None:
     assert prompt.prefill is None
 
 
-def test_only_hosted_tools_render_no_tool_section() -> None:
-    prompt = render(items="hi", tools=HOSTED)
-    assert text_of(prompt) == system() + user("hi") + ASSISTANT
-    assert prompt.tools == ()
+@pytest.mark.parametrize("hosted", HOSTED, ids=lambda tool: str(tool["type"]))
+def test_a_tool_that_cannot_be_offered_fails_naming_its_type(hosted: Mapping[str, object]) -> None:
+    # never left out silently: the model would be told of tools it cannot see, or not told at all
+    error = invalid(items="hi", tools=[FUNCTION, hosted])
+    assert error.param == "tools[1].type"
+    assert repr(hosted["type"]) in error.message and "function, custom, namespace" in error.message
+    member = invalid(items="hi", tools=[{**NAMESPACE, "tools": [*NAMESPACE["tools"], hosted]}])  # type: ignore[list-item]
+    assert member.param == "tools[0].tools[2].type"
+    assert "function, custom" in member.message
 
 
 def test_instructions_and_tools_share_the_developer_message() -> None:
@@ -1053,12 +1050,11 @@ def test_allowed_tools_narrows_what_is_offered() -> None:
     ("tools", "choice", "fragment"),
     [
         ([], "required", '"required"'),
-        (HOSTED, "required", '"required"'),
         ([FUNCTION], {"type": "function", "name": "nope"}, "'nope'"),
         ([FUNCTION], {"type": "custom", "name": "get_weather"}, "custom tool 'get_weather'"),
         ([CUSTOM], {"type": "function", "name": "apply_patch"}, "function tool 'apply_patch'"),
         ([FUNCTION], {"type": "function"}, "needs a name"),
-        ([*HOSTED, FUNCTION], {"type": "web_search_preview"}, "'web_search_preview'"),
+        ([FUNCTION], {"type": "web_search_preview"}, "'web_search_preview'"),
         ([FUNCTION], {"type": "mcp", "server_label": "deepwiki"}, "'mcp'"),
         ([FUNCTION], "sometimes", "'sometimes'"),
         (
@@ -1168,8 +1164,13 @@ def _request(body: Mapping[str, Any]) -> PromptRequest:
     )
 
 
+def _offerable(body: dict[str, Any]) -> dict[str, Any]:
+    """``body`` without the hosted tools Codex declares (they fail a request)."""
+    return {**body, "tools": [t for t in body.get("tools", []) if t["type"] in OFFERED_TOOL_TYPES]}
+
+
 def test_render_is_deterministic_and_leaves_its_input_alone() -> None:
-    body = _fixture("codex_replay")
+    body = _offerable(_fixture("codex_replay"))
     pristine = copy.deepcopy(body)
     first = render_prompt(ENC, _request(body))
     second = render_prompt(ENC, _request(copy.deepcopy(body)))
@@ -1249,7 +1250,7 @@ MIXED_EXPECTED = (
 
 
 @pytest.mark.parametrize(
-    ("name", "expected", "omitted", "offered"),
+    ("name", "expected", "hosted", "offered"),
     [
         pytest.param(
             "codex_replay",
@@ -1275,11 +1276,18 @@ MIXED_EXPECTED = (
     ],
 )
 def test_realistic_request_bodies(
-    name: str, expected: str, omitted: tuple[str, ...], offered: list[tuple[str, str | None, str]]
+    name: str, expected: str, hosted: tuple[str, ...], offered: list[tuple[str, str | None, str]]
 ) -> None:
-    prompt = render_prompt(ENC, _request(_fixture(name)))
+    body = _fixture(name)
+    tools = body.get("tools", [])
+    if hosted:  # the hosted tools the client declared fail the request, the first one named
+        first = next(i for i, t in enumerate(tools) if t["type"] in hosted)
+        with pytest.raises(InvalidInput) as caught:
+            render_prompt(ENC, _request(body))
+        assert caught.value.param == f"tools[{first}].type"
+    body = {**body, "tools": [t for t in tools if t["type"] not in hosted]}
+    prompt = render_prompt(ENC, _request(body))
     assert text_of(prompt) == expected
-    assert prompt.omitted_tools == omitted
     assert [(t.model_name, t.namespace, t.name) for t in prompt.tools] == offered
 
 
@@ -1318,7 +1326,7 @@ def _harmony_whole(encoding: Any, messages: Sequence[Message], head: int) -> lis
 def test_rendering_message_by_message_matches_harmony_rendering_the_whole_conversation(
     name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    body = _fixture(name)
+    body = _offerable(_fixture(name))
     # a developer message mid-conversation, tools offered, history with calls and outputs
     body["input"] = [*body["input"], {"role": "developer", "content": "Be brief."}, {"role": "user", "content": "Go on."}]
     cached = [render_prompt(ENC, _request(body)).token_ids for _ in range(2)]  # cold, then warm

@@ -560,7 +560,6 @@ def test_required_does_not_accept_an_answer_without_a_call(client: OpenAI, engin
     ("tools", "choice", "needle"),
     [
         ([], "required", "required"),
-        ([{"type": "web_search"}], "required", "required"),
         ([WEATHER_TOOL], {"type": "function", "name": "get_stock"}, "get_stock"),
         ([], {"type": "function", "name": "get_weather"}, "get_weather"),
         ([WEATHER_TOOL], {"type": "custom", "name": "get_weather"}, "get_weather"),
@@ -568,7 +567,6 @@ def test_required_does_not_accept_an_answer_without_a_call(client: OpenAI, engin
     ],
     ids=[
         "required-no-tools",
-        "required-builtin-only",
         "undeclared",
         "no-tools",
         "custom-vs-function",

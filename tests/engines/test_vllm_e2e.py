@@ -85,6 +85,20 @@ async def test_non_streamed_response_from_vllm(client: AsyncOpenAI, base_url: st
     assert fetched.model_dump() == response.model_dump()
 
 
+async def test_penalties_are_taken_and_echoed_by_the_vllm_server(client: AsyncOpenAI) -> None:
+    plain = await client.responses.create(model=MODEL, input="Say hi.", max_output_tokens=4)
+    assert (plain.model_dump()["presence_penalty"], plain.model_dump()["frequency_penalty"]) == (0, 0)
+    response = await client.responses.create(
+        model=MODEL,
+        input="Say hi.",
+        max_output_tokens=4,
+        extra_body={"presence_penalty": 1.0, "frequency_penalty": 0.5},
+    )
+    assert response.status in ("incomplete", "completed")
+    echoed = (await client.responses.retrieve(response.id)).model_dump()
+    assert (echoed["presence_penalty"], echoed["frequency_penalty"]) == (1.0, 0.5)
+
+
 async def test_streamed_response_from_vllm(client: AsyncOpenAI, base_url: str) -> None:
     body = {"model": MODEL, "input": "Count to three.", "max_output_tokens": 12, "stream": True}
     async with httpx.AsyncClient(timeout=120) as http, http.stream(

@@ -287,6 +287,24 @@ async def test_seed_makes_sampling_repeatable(vllm_engine: VllmEngine) -> None:
 
 
 @vllm
+async def test_penalties_reach_vllm_and_change_what_it_samples(vllm_engine: VllmEngine) -> None:
+    params = vllm_engine._sampling_params(Sampling(presence_penalty=1.5, frequency_penalty=-0.5), 4)
+    assert (params.presence_penalty, params.frequency_penalty) == (1.5, -0.5)
+    runs = {}
+    for name, penalties in {
+        "none": {},
+        "presence": {"presence_penalty": 2.0},
+        "frequency": {"frequency_penalty": 2.0},
+    }.items():
+        sampling = Sampling(max_tokens=24, temperature=0.0, logit_bias=NO_STOP, **penalties)
+        chunks = await collect(vllm_engine.generate(prompt(12), sampling, request_id(f"penalty-{name}")))
+        runs[name] = tokens(chunks)
+    # greedy decoding on the random weights repeats tokens; a penalty on them changes the pick
+    assert len(set(runs["none"])) < len(runs["none"])
+    assert runs["presence"] != runs["none"] and runs["frequency"] != runs["none"]
+
+
+@vllm
 async def test_max_tokens_none_uses_the_rest_of_the_context(vllm_engine: VllmEngine) -> None:
     long_prompt = prompt(TINY_MAX_MODEL_LEN - 2)
     chunks = await collect(

@@ -63,6 +63,9 @@ def config_toml(*, base_url: str, model: str, stream_idle_timeout_ms: int = 30_0
             f"model = {_toml_str(model)}",
             f"model_provider = {_toml_str(_PROVIDER)}",
             "check_for_update_on_startup = false",
+            # Codex offers its hosted web_search tool by default; this server runs no hosted
+            # tools and refuses a request that declares one (app.contract)
+            'web_search = "disabled"',
             "",
             "[analytics]",
             "enabled = false",
