@@ -204,7 +204,9 @@ PARAMETERS: tuple[Parameter, ...] = (
         "text",
         "honoured",
         "`format`: `text`, `json_schema` (`name`, `schema`, optional `strict`) or `json_object`, "
-        "else a 400; `verbosity` (low, medium, high): a hint, echoed.",
+        "else a 400; a JSON format is shown in the prompt's Response Formats and enforced on "
+        "vLLM (the final answer is held to it; the echo and scripted engines cannot enforce); "
+        "a schema that cannot compile is a 400; `verbosity` (low, medium, high): a hint, echoed.",
     ),
     Parameter(
         "tool_choice", "honoured", "`auto`, `none`, `required`, a named or an allowed-tools choice."
@@ -212,7 +214,10 @@ PARAMETERS: tuple[Parameter, ...] = (
     Parameter(
         "tools",
         "honoured",
-        "`function`, `custom` and `namespace` tools are offered to the model; hosted tool types "
+        "`function`, `custom` and `namespace` tools are offered to the model; on vLLM a `strict` "
+        "function's arguments (strict unless `false`) are held to its schema and a custom tool's "
+        "Lark or regex grammar to its payload (another syntax, or one that cannot compile, is a "
+        "400); hosted tool types "
         "(web_search, file_search, code_interpreter, mcp, image_generation, computer_use_preview, "
         "local_shell, shell, apply_patch, tool_search, ...) and unknown ones are a 400 naming "
         "`tools[i].type`.",
