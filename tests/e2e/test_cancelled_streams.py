@@ -17,8 +17,9 @@ from openai.types.responses import ResponseIncompleteEvent, ResponseTextDeltaEve
 
 from app.engines.scripted import ScriptedEngine
 from tests.e2e.conftest import harmony, sse_events
+from tests.support.openapi import validate_stream_event
 from tests.support.server import RunningServer
-from tests.support.stream_checker import check_stream
+from tests.support.stream_checker import check_stream, validate_with_sdk
 
 MODEL = "gpt-oss-test"
 LONG = " ".join(f"w{i}" for i in range(300))
@@ -56,6 +57,8 @@ def _check_end(client: OpenAI, ledger: RunningServer, seen: list[Any]) -> None:
         replay = sse_events(r.read())
     assert replay[-1]["type"] == "response.incomplete" and replay[-1]["response"]["status"] == "cancelled"
     check_stream(replay)
+    validate_with_sdk(replay)
+    validate_stream_event(replay[-1])  # OpenAI's OpenAPI document takes it too
 
 
 @pytest.mark.parametrize("way", ["create_stream_true", "responses_stream"])
