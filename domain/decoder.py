@@ -25,6 +25,13 @@ never dropped and a response never ends ``completed`` with nothing to show for i
 - Generation that ends inside a header (EOS in a header, ``<|channel|>final {"answer": "hi"}``
   followed by ``<|return|>`` with no ``<|message|>``) recovers the header's content the same way.
 - Generation that ends inside a message closes that item with the text streamed so far.
+- A special token outside Harmony's grammar (``<|endoftext|>``, ``<|reserved_200711|>``, an id
+  past the vocabulary) is dropped before the parser sees it, wherever it comes: in content (the
+  parser would keep its text in the message), in a header (it would end up in the recipient, so
+  in a function's name) or between messages (it would start a stray run). So no special token's
+  text reaches any delta, done value, recovered text, reasoning, tool name, arguments or custom
+  tool input; the structural ones that a recovered run holds are removed by
+  :func:`strip_harmony_markup`. Each drop is counted in the result's notes.
 
 The decoder reports what happened in :class:`DecodeResult`; the caller logs the warning (with the
 response id) and picks the terminal status.
@@ -56,6 +63,9 @@ START, END, MESSAGE, CHANNEL, CONSTRAIN, RETURN, CALL = (
 _MESSAGE_ENDS = frozenset({END, RETURN, CALL})
 #: o200k_harmony's special tokens are the ids from here up (<|startoftext|>, <|endoftext|>, ...).
 FIRST_SPECIAL = 199998
+#: The special tokens Harmony's grammar is made of; every other one (<|endoftext|>, the
+#: ``<|reserved_NNNNNN|>`` ids, anything past the vocabulary) means nothing and is dropped.
+STRUCTURAL = frozenset({START, END, MESSAGE, CHANNEL, CONSTRAIN, RETURN, CALL})
 
 _SPECIAL = re.compile(r"<\|[a-z_]+\|>")
 _LEADING_WORD = re.compile(r"^\s*[^\s<]+")
@@ -100,6 +110,8 @@ class DecodeResult:
     reasoning_tokens: int = 0
     #: How many function / custom tool calls were opened.
     calls: int = 0
+    #: How many special tokens outside Harmony's grammar were dropped.
+    dropped_special: int = 0
 
 
 class HarmonyDecoder:
@@ -144,6 +156,9 @@ class HarmonyDecoder:
             self._feed_one(token)
 
     def _feed_one(self, token: int) -> None:
+        if token >= FIRST_SPECIAL and token not in STRUCTURAL:
+            self._drop_special(token)
+            return
         if self._stray:
             self._feed_stray(token)
             return
@@ -175,6 +190,13 @@ class HarmonyDecoder:
         else:
             self._header.append(token)
 
+    def _drop_special(self, token: int) -> None:
+        result = self.result
+        result.recovered = True
+        result.dropped_special += 1
+        if result.dropped_special <= 8:  # a model stuck on one would otherwise fill the log
+            result.notes.append(f"special token {token} outside Harmony's grammar dropped")
+
     def _start_stray(self, token: int) -> None:
         # Whatever header was being read is part of the malformed run.
         self._stray = [*self._header, token]
@@ -203,6 +225,12 @@ class HarmonyDecoder:
     def _start_content(self) -> None:
         channel = self._inner.current_channel
         recipient = self._inner.current_recipient
+        # a structural token in the wrong place of a header (``<|constrain|>`` first) lands in
+        # the parser's channel or recipient: it is markup, never a name
+        if channel and "<|" in channel:
+            channel = _SPECIAL.sub("", channel).strip()
+        if recipient and "<|" in recipient:
+            recipient = _SPECIAL.sub("", recipient).strip()
         self._header = []
         self._in_content = True
         builder = self._builder
