@@ -18,9 +18,11 @@ goes on the first ``output_text`` delta at or after it. Harmony holds back the b
 incomplete UTF-8 character, so a token that ends inside a character produces no delta; its entry
 rides on the delta that completes the character. Tokens that never produce text (special tokens
 inside content, a character left incomplete when the message ends) have no entry. So the
-concatenated ``bytes`` of a part's entries decode (UTF-8, replacing what is invalid, as Harmony
-does) to the part's text, and equal its UTF-8 exactly when the model wrote valid UTF-8. The
-``.done`` event and the finished part carry the concatenation of the deltas' entries.
+concatenated ``bytes`` of a part's entries equal its text's UTF-8 whenever the model wrote valid
+UTF-8. Where it did not, Harmony's lossy decoding writes U+FFFD and may hold back the text of the
+next token or two (a token after an invalid sequence can show up a delta late, or be lost at the
+message's end); the entries follow the tokens, so they can then sit one delta ahead of the text.
+The ``.done`` event and the finished part carry the concatenation of the deltas' entries.
 Reasoning, function-call arguments and custom tool input carry none (OpenAI's API has no
 logprobs for them); nor does text recovered from malformed output, which is no longer aligned
 with its tokens.
