@@ -23,6 +23,7 @@ import pytest
 import pytest_asyncio
 import uvicorn
 from openai import AsyncOpenAI
+from openai.types.responses import ResponseIncludable
 
 from app.encoding import load_encoding
 from app.engines.protocol import EngineChunk, Sampling
@@ -38,7 +39,7 @@ pytestmark = pytest.mark.vllm
 MODEL = "gpt-oss-tiny"
 ENC = load_encoding()
 _DECODE_BYTES = ENC._inner.decode_bytes
-INCLUDE = ["message.output_text.logprobs"]
+INCLUDE: list[ResponseIncludable] = ["message.output_text.logprobs"]
 
 
 def _not_text_tokens(vocab_size: int) -> dict[int, float]:
@@ -143,7 +144,7 @@ def _check_entries(entries: Sequence[Any], k: int) -> None:
 async def test_streamed_logprobs_on_deltas_done_and_parts(client: AsyncOpenAI, base_url: str) -> None:
     k = 5
     stream = await client.responses.create(
-        model=MODEL, input="Say something.", max_output_tokens=24, include=INCLUDE, top_logprobs=k,  # type: ignore[list-item]
+        model=MODEL, input="Say something.", max_output_tokens=24, include=INCLUDE, top_logprobs=k,
         stream=True,
     )
     events = [event async for event in stream]
@@ -187,7 +188,7 @@ async def test_streamed_logprobs_on_deltas_done_and_parts(client: AsyncOpenAI, b
 
 async def test_non_streamed_top_logprobs_zero_and_without_include(client: AsyncOpenAI) -> None:
     response = await client.responses.create(
-        model=MODEL, input="Hello.", max_output_tokens=10, include=INCLUDE, top_logprobs=0  # type: ignore[list-item]
+        model=MODEL, input="Hello.", max_output_tokens=10, include=INCLUDE, top_logprobs=0
     )
     part = response.output[0].content[0]  # type: ignore[union-attr]
     assert part.type == "output_text" and part.logprobs
@@ -203,7 +204,7 @@ async def test_non_streamed_top_logprobs_zero_and_without_include(client: AsyncO
 
 async def test_twenty_top_logprobs_with_sampling(client: AsyncOpenAI) -> None:
     response = await client.responses.create(
-        model=MODEL, input="Go.", max_output_tokens=8, include=INCLUDE, top_logprobs=20,  # type: ignore[list-item]
+        model=MODEL, input="Go.", max_output_tokens=8, include=INCLUDE, top_logprobs=20,
         temperature=1.0, top_p=0.5,
     )
     part = response.output[0].content[0]  # type: ignore[union-attr]
