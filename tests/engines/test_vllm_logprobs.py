@@ -61,6 +61,7 @@ class FinalChannel:
         self.vocab_size = engine.vocab_size
         self.max_model_len = engine.max_model_len
         self.supports_logprobs = engine.supports_logprobs
+        self.constrains = False  # a grammar over the whole turn would not expect the header
         self._header = tuple(ENC.encode("<|channel|>final<|message|>", allowed_special="all"))
         self._bias = _not_text_tokens(engine.vocab_size)
 
