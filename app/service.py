@@ -44,6 +44,7 @@ from app.live import (
     error_frame,
     stored_frames,
 )
+from app.logprobs import requested_logprobs
 from app.reasoning_crypto import ReasoningCipher
 from app.remote_cancel import RemoteCancels
 from app.repair import STORE_UNAVAILABLE, Repairs, store_unavailable_error
@@ -399,6 +400,7 @@ class ResponseService:
             frequency_penalty=request.frequency_penalty,
             stop_token_ids=rendered.stop_token_ids,
             grammar=constraints.grammar_for((request.text or {}).get("format"), rendered, self.engine.constrains),
+            logprobs=requested_logprobs(request, self.engine),
         )
 
     def _skeleton(self, request: CreateResponse, response_id: str, created_at: int, model: str) -> dict[str, Any]:
@@ -518,7 +520,10 @@ class ResponseService:
                 async for chunk in chunks:
                     if chunk.token_ids:
                         output_ids.extend(chunk.token_ids)
-                        decoder.feed(chunk.token_ids)
+                        if chunk.logprobs is None:
+                            decoder.feed(chunk.token_ids)
+                        else:
+                            decoder.feed_logprobs(chunk.token_ids, chunk.logprobs)
                         writer.push(builder.take(), chunk.token_ids)
                         if (
                             self._backlog.total >= _BACKLOG_BUDGET or health.failing

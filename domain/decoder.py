@@ -33,6 +33,11 @@ never dropped and a response never ends ``completed`` with nothing to show for i
   tool input; the structural ones that a recovered run holds are removed by
   :func:`strip_harmony_markup`. Each drop is counted in the result's notes.
 
+Log probabilities (``logprobs``, a :class:`~domain.logprobs.TokenTexts`): :meth:`feed_logprobs`
+takes each token's ``(logprob, top-k)`` with it, and every ``output_text`` delta carries the
+entries of the tokens that made it (the rules are in :mod:`domain.logprobs`). :meth:`feed`, the
+path of a request without them, is unchanged.
+
 The decoder reports what happened in :class:`DecodeResult`; the caller logs the warning (with the
 response id) and picks the terminal status.
 """
@@ -48,6 +53,8 @@ from openai_harmony import HarmonyEncoding, HarmonyError, Role, StreamableParser
 
 from domain.builder import ItemStatus, ResponseBuilder
 from domain.custom_tools import CustomInputStream
+from domain.events import Json
+from domain.logprobs import TokenLogprob, TokenTexts
 
 __all__ = ["DecodeResult", "HarmonyDecoder", "strip_harmony_markup"]
 
@@ -125,10 +132,12 @@ class HarmonyDecoder:
         custom_tools: Iterable[str] = (),
         prefill: Sequence[int] = (),
         function_names: Mapping[str, tuple[str, str | None]] | None = None,
+        logprobs: TokenTexts | None = None,
     ) -> None:
         """``custom_tools``: the model-visible names of custom tools; ``function_names``: model-
         visible name -> (declared name, namespace) for functions declared inside a namespace;
-        ``prefill``: header tokens the prompt already ended with (a forced tool choice)."""
+        ``prefill``: header tokens the prompt already ended with (a forced tool choice);
+        ``logprobs``: given when the tokens come with log probabilities (:meth:`feed_logprobs`)."""
         self._encoding = encoding
         self._builder = builder
         self._custom_tools = frozenset(custom_tools)
@@ -142,6 +151,11 @@ class HarmonyDecoder:
         self._stray: list[int] = []
         self._finished = False
         self.result = DecodeResult()
+        self._texts = logprobs
+        #: Entries of the message tokens fed since the last output_text delta.
+        self._lp_pending: list[Json] = []
+        if logprobs is not None:
+            self._append = self._append_with_logprobs  # type: ignore[method-assign]
         for token in prefill:
             self._feed_one(token)
 
@@ -153,6 +167,23 @@ class HarmonyDecoder:
             result.output_tokens += 1
             if self._content_kind == "reasoning":
                 result.reasoning_tokens += 1
+            self._feed_one(token)
+
+    def feed_logprobs(self, token_ids: Sequence[int], logprobs: Sequence[TokenLogprob]) -> None:
+        """:meth:`feed`, each token with its ``(logprob, [(token id, logprob), ...])``. Needs the
+        decoder made with ``logprobs``."""
+        texts = self._texts
+        if texts is None:
+            raise ValueError("feed_logprobs() on a decoder made without logprobs")
+        result = self.result
+        pending = self._lp_pending
+        for token, (logprob, top) in zip(token_ids, logprobs, strict=True):
+            result.output_tokens += 1
+            kind = self._content_kind
+            if kind == "reasoning":
+                result.reasoning_tokens += 1
+            elif kind == "message" and token < FIRST_SPECIAL:
+                pending.append(texts.entry(token, logprob, top))
             self._feed_one(token)
 
     def _feed_one(self, token: int) -> None:
@@ -261,6 +292,16 @@ class HarmonyDecoder:
             delta = self._custom.feed(delta)
         self._builder.append(delta)
 
+    def _append_with_logprobs(self, delta: str) -> None:
+        """``_append`` of a decoder made with ``logprobs``: a message's delta takes the entries
+        of the tokens fed since the last one."""
+        if self._content_kind != "message":
+            HarmonyDecoder._append(self, delta)
+        elif delta:  # (a flushed special token's text alone leaves nothing)
+            entries = list(self._lp_pending)
+            self._lp_pending.clear()
+            self._builder.append_text(delta, entries)
+
     def _close(self, status: ItemStatus) -> None:
         if self._custom is not None:
             self._builder.append(self._custom.finish())
@@ -268,6 +309,7 @@ class HarmonyDecoder:
         self._builder.close_item(status)
         self._in_content = False
         self._content_kind = None
+        self._lp_pending.clear()  # tokens that made no text (an unfinished character)
 
     def _recover(self, tokens: Sequence[int], why: str, status: ItemStatus = "completed") -> None:
         if not tokens:

@@ -182,10 +182,15 @@ def fold(events: Iterable[Event]) -> Json:
             case OutputItemDone():
                 items[event.output_index] = copy_json(event.item)
             case ContentPartAdded():
-                items[event.output_index].setdefault("content", []).append(dict(event.part))
+                items[event.output_index].setdefault("content", []).append(copy_json(event.part))
             case ContentPartDone():
                 items[event.output_index]["content"][event.content_index] = dict(event.part)
-            case OutputTextDelta() | ReasoningTextDelta():
+            case OutputTextDelta():
+                part = items[event.output_index]["content"][event.content_index]
+                part["text"] = part.get("text", "") + event.delta
+                if event.logprobs:
+                    part.setdefault("logprobs", []).extend(event.logprobs)
+            case ReasoningTextDelta():
                 part = items[event.output_index]["content"][event.content_index]
                 part["text"] = part.get("text", "") + event.delta
             case FunctionCallArgumentsDelta():
