@@ -27,7 +27,7 @@ from typing import Any
 
 from openai_harmony import HarmonyEncoding
 
-from app import constraints, offload
+from app import constraints, item_refs, offload
 from app.chunked_render import ChunkedEncoding, is_panic, text_size_over
 from app.contract import UNSET_FIELDS
 from app.drain import Drain
@@ -238,11 +238,7 @@ class ResponseService:
             )
         if request.store or request.previous_response_id:
             self.check_writable()  # a store=false response without history needs no database
-        history: list[dict[str, Any]] = []
-        if request.previous_response_id:
-            history = await self._history(request.previous_response_id, project)
-        input_items = normalize_input(request.input)
-        rendered = await self._render(request, history, input_items)
+        input_items, rendered = await self.prompt(request, project)
         prompt_ids = rendered.token_ids
         sampling = self._sampling(request, rendered, len(prompt_ids))
 
@@ -310,6 +306,19 @@ class ResponseService:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    async def prompt(
+        self, request: CreateResponse, project: str
+    ) -> tuple[list[dict[str, Any]], RenderedPrompt]:
+        """The request's input items (normalised) and its prompt, rendered with its
+        ``previous_response_id`` chain and its item references (``app.item_refs``): what
+        ``create`` generates from, and what ``app.input_tokens`` counts."""
+        history: list[dict[str, Any]] = []
+        if request.previous_response_id:
+            history = await self._history(request.previous_response_id, project)
+        input_items = normalize_input(request.input)
+        references = await item_refs.resolve(self.store, project, [*history, *input_items])
+        return input_items, await self._render(request, history, input_items, references)
+
     async def _history(self, previous_response_id: str, project: str) -> list[dict[str, Any]]:
         try:
             chain = await self.store.load_chain(previous_response_id, project=project)
@@ -332,7 +341,11 @@ class ResponseService:
         return items
 
     async def _render(
-        self, request: CreateResponse, history: list[dict[str, Any]], input_items: list[dict[str, Any]]
+        self,
+        request: CreateResponse,
+        history: list[dict[str, Any]],
+        input_items: list[dict[str, Any]],
+        references: dict[str, dict[str, Any]],
     ) -> RenderedPrompt:
         """The prompt, with every token id checked against the engine's vocabulary. A large one
         (over ``_LARGE_PROMPT_CHARS`` of text) is rendered in a worker thread, its long texts in
@@ -340,12 +353,6 @@ class ResponseService:
         an 8 MB message rendered in one call stalled every stream for 0.6 s."""
         constraints.check_tool_formats(request.tools)
         effort = (request.reasoning.effort if request.reasoning else None) or self.settings.default_reasoning_effort
-        # item_reference: an item of the previous_response_id chain or of this request's input
-        known = {
-            item["id"]: item
-            for item in [*history, *input_items]
-            if isinstance(item.get("id"), str) and item.get("type") != "item_reference"
-        }
         prompt = PromptRequest(
             instructions=request.instructions,
             items=[*history, *input_items],
@@ -355,7 +362,7 @@ class ResponseService:
             current_date=datetime.now(UTC).strftime("%Y-%m-%d"),
             history_length=len(history),
             decrypt=self.cipher.decrypt,
-            resolve_reference=known.get,
+            resolve_reference=references.get,
             response_format=(request.text or {}).get("format"),
         )
         vocab_size = self.engine.vocab_size
