@@ -249,6 +249,16 @@ def _invalid_url(request: Request) -> APIError:
     return APIError(404, f"Invalid URL ({request.method} {request.url.path})")
 
 
+def _allowed(request: Request) -> str:
+    """The methods the path takes, over every route that serves it (Starlette's 405 names only
+    the first route that matched the path)."""
+    methods: list[str] = []
+    for route in routes:
+        if route.name != "unknown_action" and route.path_regex.match(request.url.path) and route.methods:
+            methods.extend(m for m in sorted(route.methods) if m not in methods)
+    return ", ".join(methods)
+
+
 def route_error(request: Request, exc: HTTPException) -> APIError:
     """What Starlette's router raises, in OpenAI's shape: an unknown path is 404 ``Invalid URL``
     (as OpenAI words it), a known path asked with a method it does not take is 405 with
@@ -256,7 +266,7 @@ def route_error(request: Request, exc: HTTPException) -> APIError:
     if exc.status_code == 404:
         return _invalid_url(request)
     if exc.status_code == 405:
-        allowed = (exc.headers or {}).get("Allow", "")
+        allowed = _allowed(request)
         return APIError(
             405,
             f"Method {request.method} is not allowed for {request.url.path}; use {allowed}.",
@@ -305,7 +315,7 @@ routes = [
     # guard: whatever a route raises is an OpenAI-shaped answer (app.errors)
     Route("/v1/responses/{response_id}", guard(scoped(get_response)), methods=["GET"]),
     Route("/v1/responses/{response_id}", guard(scoped(delete_response)), methods=["DELETE"]),
-    Route("/v1/responses/{response_id}", guard(unknown_action), methods=["POST"]),
+    Route("/v1/responses/{response_id}", guard(unknown_action), methods=["POST"], name="unknown_action"),
     Route("/v1/responses/{response_id}/cancel", guard(scoped(cancel_response)), methods=["POST"]),
     Route("/v1/responses/{response_id}/input_items", guard(scoped(list_input_items)), methods=["GET"]),
     Route("/v1/responses/{response_id}/events", guard(scoped(list_events, audit=True)), methods=["GET"]),
