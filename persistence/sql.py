@@ -981,8 +981,8 @@ class SqlStore:
         if not ids or not _possible_id(project):
             return {}
         async with self._read() as conn:
-            rows = await conn.execute(_FIND_ITEMS, {"ids": ids, "project": project})
-            return pick(rows)  # type: ignore[arg-type]
+            rows = await conn.execute(_FIND_ITEMS, {"ids": ids})
+            return pick(row[1:] for row in rows if row[0] == project)
 
     async def list_input_items(
         self, response_id: str, *, after: str | None, limit: int, order: Order
@@ -1389,10 +1389,14 @@ _CHAIN_EVENTS = (
 )
 
 # Where each item is (``persistence.item_index``), with the item itself: the input item's row or
-# the ``output_item.done`` event, each by its primary key; the project is the response's.
+# the ``output_item.done`` event, each by its primary key; the project is the response's. The
+# project is compared in Python, not in the WHERE clause: with it there, SQLite's planner started
+# from the project's index on ``responses`` and probed the item index once per response of the
+# project (6.6 ms for 2,000 responses, growing with them); this way every plan starts from the ids.
 _x = item_index
 _FIND_ITEMS = (
     select(
+        _r.c.project,
         _x.c.item_id,
         _x.c.response_id,
         _x.c.source,
@@ -1412,6 +1416,6 @@ _FIND_ITEMS = (
             _e, (_x.c.source == "output") & (_e.c.response_id == _x.c.response_id) & (_e.c.seq == _x.c.seq)
         )
     )
-    .where(_x.c.item_id.in_(bindparam("ids", expanding=True)), _r.c.project == bindparam("project"))
+    .where(_x.c.item_id.in_(bindparam("ids", expanding=True)))
     .order_by(_x.c.item_id, _x.c.source.desc(), _r.c.created_at.desc(), _x.c.response_id)
 )
