@@ -57,6 +57,7 @@ def test_a_wrong_method_on_a_known_path_is_405(
     assert response.status_code == 405, response.text
     assert set(response.headers["allow"].split(", ")) == set(allowed.split(", "))
     assert error["type"] == "invalid_request_error" and method in error["message"]
+    call = {"GET": client.get, "POST": client.post, "PUT": client.put}[method]
     with pytest.raises(openai.APIStatusError) as caught:  # the SDK sees the same
-        client.request(httpx.Response, openai._base_client.FinalRequestOptions(method=method.lower(), url=path[3:]))  # type: ignore[attr-defined]
-    assert caught.value.status_code == 405
+        call(path.removeprefix("/v1"), cast_to=httpx.Response)
+    assert caught.value.status_code == 405 and caught.value.body["message"] == error["message"]  # type: ignore[index]
