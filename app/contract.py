@@ -136,7 +136,8 @@ PARAMETERS: tuple[Parameter, ...] = (
     Parameter(
         "include",
         "honoured",
-        "`reasoning.encrypted_content`, `message.output_text.logprobs` and "
+        "`reasoning.encrypted_content`, `message.output_text.logprobs` (vLLM engine; the echo and "
+        "scripted engines have none: a 400) and "
         "`message.input_image.image_url` (input items are listed as sent); the hosted-tool values "
         "(`file_search_call.results`, `web_search_call.*`, `code_interpreter_call.outputs`, "
         "`computer_call_output.output.image_url`) and unknown ones are a 400.",

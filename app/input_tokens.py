@@ -3,7 +3,8 @@
 The count is the length of the very prompt ``POST /v1/responses`` would send to the engine: the
 body is checked by the same contract and wire model, its ``previous_response_id`` chain and item
 references are resolved for the caller's project, and it is rendered by the same code
-(:meth:`~app.service.ResponseService.prompt`), with the same checks a create makes before it
+(:meth:`~app.service.ResponseService.prompt`, ``truncation: "auto"`` included: the count is
+of what is left), with the same checks a create makes before it
 generates (``text.format`` must compile, the prompt must fit the context window: what create
 would refuse, this refuses with the same 400). Nothing is generated or stored.
 
@@ -62,7 +63,7 @@ async def count(service: ResponseService, body: dict[str, Any], *, project: str)
     model = fields.get("model") or service.model_names()[0]
     request = CreateResponse.model_validate({**fields, "model": model, "store": False})
     service.resolve_model(request.model)
-    _, rendered = await service.prompt(request, project)
+    _, rendered, _ = await service.prompt(request, project)
     prompt_len = len(rendered.token_ids)
     service._sampling(request, rendered, prompt_len)  # create's last checks: context window, text.format
     return {"object": "response.input_tokens", "input_tokens": prompt_len}

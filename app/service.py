@@ -44,6 +44,7 @@ from app.live import (
     error_frame,
     stored_frames,
 )
+from app.logprobs import requested_logprobs
 from app.reasoning_crypto import ReasoningCipher
 from app.remote_cancel import RemoteCancels
 from app.repair import STORE_UNAVAILABLE, Repairs, store_unavailable_error
@@ -56,6 +57,7 @@ from domain.decoder import DecodeResult, HarmonyDecoder
 from domain.events import TERMINAL_TYPES
 from domain.projections import fold, from_wire, output_as_input
 from domain.prompt import PromptRequest, RenderedPrompt, render_prompt
+from domain.truncation import Truncated, fit, truncation_audit
 from persistence.doorbell import Doorbell, LocalDoorbell
 from persistence.errors import Fenced, NotFound, StoreError, StoreUnavailable
 from persistence.records import DEFAULT_PROJECT, AuditRecord, NewResponse, StoredEvent
@@ -238,7 +240,7 @@ class ResponseService:
             )
         if request.store or request.previous_response_id:
             self.check_writable()  # a store=false response without history needs no database
-        input_items, rendered = await self.prompt(request, project)
+        input_items, rendered, truncated = await self.prompt(request, project)
         prompt_ids = rendered.token_ids
         sampling = self._sampling(request, rendered, len(prompt_ids))
 
@@ -292,7 +294,7 @@ class ResponseService:
                 sampling,
                 forced_call=spec.forced_call,
                 skeleton=skeleton,
-                generation=spec.to_json(),
+                generation=spec.to_json() | truncation_audit(truncated),
             ),
         )
         return run
@@ -308,16 +310,18 @@ class ResponseService:
 
     async def prompt(
         self, request: CreateResponse, project: str
-    ) -> tuple[list[dict[str, Any]], RenderedPrompt]:
+    ) -> tuple[list[dict[str, Any]], RenderedPrompt, Truncated[RenderedPrompt] | None]:
         """The request's input items (normalised) and its prompt, rendered with its
-        ``previous_response_id`` chain and its item references (``app.item_refs``): what
-        ``create`` generates from, and what ``app.input_tokens`` counts."""
+        ``previous_response_id`` chain and its item references (``app.item_refs``), and what
+        ``truncation: "auto"`` dropped: what ``create`` generates from, and what
+        ``app.input_tokens`` counts."""
         history: list[dict[str, Any]] = []
         if request.previous_response_id:
             history = await self._history(request.previous_response_id, project)
         input_items = normalize_input(request.input)
         references = await item_refs.resolve(self.store, project, [*history, *input_items])
-        return input_items, await self._render(request, history, input_items, references)
+        rendered, truncated = await self._render(request, history, input_items, references)
+        return input_items, rendered, truncated
 
     async def _history(self, previous_response_id: str, project: str) -> list[dict[str, Any]]:
         try:
@@ -346,11 +350,14 @@ class ResponseService:
         history: list[dict[str, Any]],
         input_items: list[dict[str, Any]],
         references: dict[str, dict[str, Any]],
-    ) -> RenderedPrompt:
+    ) -> tuple[RenderedPrompt, Truncated[RenderedPrompt] | None]:
         """The prompt, with every token id checked against the engine's vocabulary. A large one
         (over ``_LARGE_PROMPT_CHARS`` of text) is rendered in a worker thread, its long texts in
         short Harmony calls (:mod:`app.chunked_render`): Harmony holds the GIL while it works, so
-        an 8 MB message rendered in one call stalled every stream for 0.6 s."""
+        an 8 MB message rendered in one call stalled every stream for 0.6 s.
+
+        With ``truncation: "auto"``, a prompt that does not fit the context loses its oldest
+        items (:mod:`domain.truncation`); what was dropped comes back with it."""
         constraints.check_tool_formats(request.tools)
         effort = (request.reasoning.effort if request.reasoning else None) or self.settings.default_reasoning_effort
         prompt = PromptRequest(
@@ -366,17 +373,33 @@ class ResponseService:
             response_format=(request.text or {}).get("format"),
         )
         vocab_size = self.engine.vocab_size
-        if text_size_over((request.instructions, request.tools, history, input_items), _LARGE_PROMPT_CHARS):
-            return await offload.run(_render_checked, ChunkedEncoding(self.encoding), prompt, vocab_size)
-        return _render_checked(self.encoding, prompt, vocab_size)
+        large = text_size_over((request.instructions, request.tools, history, input_items), _LARGE_PROMPT_CHARS)
+        encoding: Any = ChunkedEncoding(self.encoding) if large else self.encoding
+        render = functools.partial(_render_checked, encoding, vocab_size=vocab_size)
+        rendered = await offload.run(render, prompt) if large else render(prompt)
+        fits = functools.partial(self._fits, request.max_output_tokens)
+        if request.truncation != "auto" or fits(rendered):
+            return rendered, None
+
+        def measure(items: Sequence[Any], history_length: int) -> RenderedPrompt:
+            return render(dataclasses.replace(prompt, items=items, history_length=history_length))
+
+        search = functools.partial(fit, prompt.items, len(history), measure, fits, resolve=references.get)
+        truncated = await offload.run(search) if large else search()
+        if truncated is None:  # not even the last item alone fits: context_length_exceeded
+            return rendered, None
+        return truncated.result, truncated
+
+    def _fits(self, max_tokens: int | None, rendered: RenderedPrompt) -> bool:
+        limit = self.engine.max_model_len
+        prompt_len = len(rendered.token_ids)
+        return limit is None or (prompt_len < limit and (max_tokens is None or prompt_len + max_tokens <= limit))
 
     def _sampling(self, request: CreateResponse, rendered: RenderedPrompt, prompt_len: int) -> Sampling:
-        limit = self.engine.max_model_len
         max_tokens = request.max_output_tokens
-        if limit is not None and (
-            prompt_len >= limit or (max_tokens is not None and prompt_len + max_tokens > limit)
-        ):
-            raise PromptTooLong(prompt_len, max_tokens, limit)
+        if not self._fits(max_tokens, rendered):
+            assert self.engine.max_model_len is not None
+            raise PromptTooLong(prompt_len, max_tokens, self.engine.max_model_len)
         return Sampling(
             max_tokens=max_tokens,
             temperature=request.temperature,
@@ -386,6 +409,7 @@ class ResponseService:
             frequency_penalty=request.frequency_penalty,
             stop_token_ids=rendered.stop_token_ids,
             grammar=constraints.grammar_for((request.text or {}).get("format"), rendered, self.engine.constrains),
+            logprobs=requested_logprobs(request, self.engine),
         )
 
     def _skeleton(self, request: CreateResponse, response_id: str, created_at: int, model: str) -> dict[str, Any]:
@@ -505,7 +529,10 @@ class ResponseService:
                 async for chunk in chunks:
                     if chunk.token_ids:
                         output_ids.extend(chunk.token_ids)
-                        decoder.feed(chunk.token_ids)
+                        if chunk.logprobs is None:
+                            decoder.feed(chunk.token_ids)
+                        else:
+                            decoder.feed_logprobs(chunk.token_ids, chunk.logprobs)
                         writer.push(builder.take(), chunk.token_ids)
                         if (
                             self._backlog.total >= _BACKLOG_BUDGET or health.failing

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from app.engines.protocol import Sampling
 from app.live import Run
+from app.logprobs import token_texts
 from domain.builder import ResponseBuilder
 from domain.continuation import CannotReplay, replay
 from domain.decoder import HarmonyDecoder
@@ -88,6 +89,7 @@ class GenerationSpec:
             custom_tools=self.custom_tools,
             prefill=self.prefill,
             function_names=self.function_names,
+            logprobs=token_texts(encoding) if self.sampling.logprobs is not None else None,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -102,6 +104,7 @@ class GenerationSpec:
                 "frequency_penalty": s.frequency_penalty,
                 "stop_token_ids": list(s.stop_token_ids),
                 "grammar": s.grammar,
+                "logprobs": s.logprobs,
             },
             "custom_tools": list(self.custom_tools),
             "prefill": list(self.prefill),
@@ -124,6 +127,7 @@ class GenerationSpec:
                 frequency_penalty=s.get("frequency_penalty"),
                 stop_token_ids=tuple(s["stop_token_ids"]),
                 grammar=s.get("grammar"),
+                logprobs=s.get("logprobs"),  # absent in specs recorded before logprobs
             ),
             custom_tools=tuple(data["custom_tools"]),
             prefill=tuple(data["prefill"]),

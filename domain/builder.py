@@ -83,7 +83,9 @@ def usage_json(usage: Usage) -> Json:
 class _Open:
     """The item being written: its wire dict (as added) and the text chunks of its open part."""
 
-    __slots__ = ("content_index", "index", "item", "item_id", "kind", "part_open", "text", "text_done")
+    __slots__ = (
+        "content_index", "index", "item", "item_id", "kind", "logprobs", "part_open", "text", "text_done",
+    )
 
     def __init__(self, item: Json, index: int) -> None:
         self.item = item
@@ -92,6 +94,7 @@ class _Open:
         self.index = index
         self.content_index = 0
         self.text: list[str] = []  # chunks of the open part (or of the call's input)
+        self.logprobs: list[Json] = []  # the open output_text part's entries (domain.logprobs)
         # Only a resumed log can stop between an item's text events; a live one never does.
         self.part_open = self.kind in ("message", "reasoning")
         self.text_done = False
@@ -148,6 +151,7 @@ class ResponseBuilder:
             if opened.kind in ("message", "reasoning"):
                 content = current.get("content") or []
                 opened.text = [content[-1].get("text", "")] if content else []
+                opened.logprobs = list(content[-1].get("logprobs") or []) if content else []
             else:
                 opened.text = [current.get("arguments" if opened.kind == "function_call" else "input", "")]
             opened.text_done = open_item.text_done
@@ -296,6 +300,30 @@ class ResponseBuilder:
         self._state = apply(self._state, event)
         self._pending.append(event)
 
+    def append_text(self, text: str, logprobs: Sequence[Json]) -> None:
+        """Append message text with the log probabilities of the tokens that made it (the
+        entries of :mod:`domain.logprobs`); the part's ``.done`` carries them all."""
+        opened = self._open
+        if opened is None or opened.kind != "message":
+            raise ValueError("append_text() needs an open message")
+        if not text:
+            return
+        if "\x00" in text:
+            text = text.replace("\x00", "\ufffd")
+        opened.text.append(text)
+        opened.logprobs.extend(logprobs)
+        event = OutputTextDelta(
+            self._state.next_seq, opened.item_id, opened.index, opened.content_index, text, tuple(logprobs)
+        )
+        self._state = apply(self._state, event)
+        self._pending.append(event)
+
+    def carry_logprobs(self, logprobs: Sequence[Json]) -> None:
+        """The open message's entries so far, when it was rebuilt from tokens alone (a takeover
+        replaying a log whose deltas carried them)."""
+        if self._open is not None and self._open.kind == "message":
+            self._open.logprobs = list(logprobs)
+
     def close_item(self, status: ItemStatus = "completed") -> Json | None:
         """Close the open item (no-op when none is open); returns the finished item."""
         opened = self._open
@@ -307,9 +335,10 @@ class ResponseBuilder:
         if opened.kind in ("message", "reasoning"):
             ci = opened.content_index
             if opened.kind == "message":
-                part: Json = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+                logprobs = opened.logprobs
+                part: Json = {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs}
                 if not opened.text_done:
-                    self._emit(OutputTextDone(seq, opened.item_id, opened.index, ci, text))
+                    self._emit(OutputTextDone(seq, opened.item_id, opened.index, ci, text, tuple(logprobs)))
             else:
                 part = {"type": "reasoning_text", "text": text}
                 if not opened.text_done:

@@ -9,7 +9,9 @@ feeds every logged token, and checks that the logged events are a prefix of what
 ``seq``, same type, same item ids). What the replay made beyond the log (``pending``: e.g. the
 ``response.in_progress`` of a response whose owner died right after ``response.created``) is
 new: the caller appends it. The parser, the open item and the usage counts are then exactly
-where the dead writer's were, and generation goes on from there.
+where the dead writer's were, and generation goes on from there. Log probabilities are not in the
+tokens: the open message gets the entries its logged deltas carried, so its ``.done`` still
+carries them all (tokens of a character still unfinished at the log's end have none).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from dataclasses import dataclass
 
 from domain.builder import ResponseBuilder
 from domain.decoder import HarmonyDecoder
-from domain.events import Event, OutputItemAdded, ResponseCreated, ResponseQueued
+from domain.events import Event, OutputItemAdded, OutputTextDelta, ResponseCreated, ResponseQueued
 
 __all__ = ["CannotReplay", "Replayed", "replay"]
 
@@ -88,4 +90,14 @@ def replay(
                 f"event {logged.sequence_number}: the log has {logged.type}, the replay made "
                 f"{again.type} (seq {again.sequence_number})"
             )
+    open_item = builder.state.open_item
+    if open_item is not None and open_item.item_type == "message":
+        builder.carry_logprobs(
+            [
+                entry
+                for event in events
+                if isinstance(event, OutputTextDelta) and event.item_id == open_item.item_id
+                for entry in event.logprobs
+            ]
+        )
     return Replayed(builder, decoder, list(made[len(events) :]))

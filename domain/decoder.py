@@ -25,6 +25,18 @@ never dropped and a response never ends ``completed`` with nothing to show for i
 - Generation that ends inside a header (EOS in a header, ``<|channel|>final {"answer": "hi"}``
   followed by ``<|return|>`` with no ``<|message|>``) recovers the header's content the same way.
 - Generation that ends inside a message closes that item with the text streamed so far.
+- A special token outside Harmony's grammar (``<|endoftext|>``, ``<|reserved_200711|>``, an id
+  past the vocabulary) is dropped before the parser sees it, wherever it comes: in content (the
+  parser would keep its text in the message), in a header (it would end up in the recipient, so
+  in a function's name) or between messages (it would start a stray run). So no special token's
+  text reaches any delta, done value, recovered text, reasoning, tool name, arguments or custom
+  tool input; the structural ones that a recovered run holds are removed by
+  :func:`strip_harmony_markup`. Each drop is counted in the result's notes.
+
+Log probabilities (``logprobs``, a :class:`~domain.logprobs.TokenTexts`): :meth:`feed_logprobs`
+takes each token's ``(logprob, top-k)`` with it, and every ``output_text`` delta carries the
+entries of the tokens that made it (the rules are in :mod:`domain.logprobs`). :meth:`feed`, the
+path of a request without them, is unchanged.
 
 The decoder reports what happened in :class:`DecodeResult`; the caller logs the warning (with the
 response id) and picks the terminal status.
@@ -41,6 +53,8 @@ from openai_harmony import HarmonyEncoding, HarmonyError, Role, StreamableParser
 
 from domain.builder import ItemStatus, ResponseBuilder
 from domain.custom_tools import CustomInputStream
+from domain.events import Json
+from domain.logprobs import TokenLogprob, TokenTexts
 
 __all__ = ["DecodeResult", "HarmonyDecoder", "strip_harmony_markup"]
 
@@ -56,6 +70,9 @@ START, END, MESSAGE, CHANNEL, CONSTRAIN, RETURN, CALL = (
 _MESSAGE_ENDS = frozenset({END, RETURN, CALL})
 #: o200k_harmony's special tokens are the ids from here up (<|startoftext|>, <|endoftext|>, ...).
 FIRST_SPECIAL = 199998
+#: The special tokens Harmony's grammar is made of; every other one (<|endoftext|>, the
+#: ``<|reserved_NNNNNN|>`` ids, anything past the vocabulary) means nothing and is dropped.
+STRUCTURAL = frozenset({START, END, MESSAGE, CHANNEL, CONSTRAIN, RETURN, CALL})
 
 _SPECIAL = re.compile(r"<\|[a-z_]+\|>")
 _LEADING_WORD = re.compile(r"^\s*[^\s<]+")
@@ -100,6 +117,8 @@ class DecodeResult:
     reasoning_tokens: int = 0
     #: How many function / custom tool calls were opened.
     calls: int = 0
+    #: How many special tokens outside Harmony's grammar were dropped.
+    dropped_special: int = 0
 
 
 class HarmonyDecoder:
@@ -113,10 +132,12 @@ class HarmonyDecoder:
         custom_tools: Iterable[str] = (),
         prefill: Sequence[int] = (),
         function_names: Mapping[str, tuple[str, str | None]] | None = None,
+        logprobs: TokenTexts | None = None,
     ) -> None:
         """``custom_tools``: the model-visible names of custom tools; ``function_names``: model-
         visible name -> (declared name, namespace) for functions declared inside a namespace;
-        ``prefill``: header tokens the prompt already ended with (a forced tool choice)."""
+        ``prefill``: header tokens the prompt already ended with (a forced tool choice);
+        ``logprobs``: given when the tokens come with log probabilities (:meth:`feed_logprobs`)."""
         self._encoding = encoding
         self._builder = builder
         self._custom_tools = frozenset(custom_tools)
@@ -130,6 +151,11 @@ class HarmonyDecoder:
         self._stray: list[int] = []
         self._finished = False
         self.result = DecodeResult()
+        self._texts = logprobs
+        #: Entries of the message tokens fed since the last output_text delta.
+        self._lp_pending: list[Json] = []
+        if logprobs is not None:
+            self._append = self._append_with_logprobs  # type: ignore[method-assign]
         for token in prefill:
             self._feed_one(token)
 
@@ -143,7 +169,27 @@ class HarmonyDecoder:
                 result.reasoning_tokens += 1
             self._feed_one(token)
 
+    def feed_logprobs(self, token_ids: Sequence[int], logprobs: Sequence[TokenLogprob]) -> None:
+        """:meth:`feed`, each token with its ``(logprob, [(token id, logprob), ...])``. Needs the
+        decoder made with ``logprobs``."""
+        texts = self._texts
+        if texts is None:
+            raise ValueError("feed_logprobs() on a decoder made without logprobs")
+        result = self.result
+        pending = self._lp_pending
+        for token, (logprob, top) in zip(token_ids, logprobs, strict=True):
+            result.output_tokens += 1
+            kind = self._content_kind
+            if kind == "reasoning":
+                result.reasoning_tokens += 1
+            elif kind == "message" and token < FIRST_SPECIAL:
+                pending.append(texts.entry(token, logprob, top))
+            self._feed_one(token)
+
     def _feed_one(self, token: int) -> None:
+        if token >= FIRST_SPECIAL and token not in STRUCTURAL:
+            self._drop_special(token)
+            return
         if self._stray:
             self._feed_stray(token)
             return
@@ -175,6 +221,13 @@ class HarmonyDecoder:
         else:
             self._header.append(token)
 
+    def _drop_special(self, token: int) -> None:
+        result = self.result
+        result.recovered = True
+        result.dropped_special += 1
+        if result.dropped_special <= 8:  # a model stuck on one would otherwise fill the log
+            result.notes.append(f"special token {token} outside Harmony's grammar dropped")
+
     def _start_stray(self, token: int) -> None:
         # Whatever header was being read is part of the malformed run.
         self._stray = [*self._header, token]
@@ -203,6 +256,12 @@ class HarmonyDecoder:
     def _start_content(self) -> None:
         channel = self._inner.current_channel
         recipient = self._inner.current_recipient
+        # a structural token in the wrong place of a header (``<|constrain|>`` first) lands in
+        # the parser's channel or recipient: it is markup, never a name
+        if channel and "<|" in channel:
+            channel = _SPECIAL.sub("", channel).strip()
+        if recipient and "<|" in recipient:
+            recipient = _SPECIAL.sub("", recipient).strip()
         self._header = []
         self._in_content = True
         builder = self._builder
@@ -233,6 +292,16 @@ class HarmonyDecoder:
             delta = self._custom.feed(delta)
         self._builder.append(delta)
 
+    def _append_with_logprobs(self, delta: str) -> None:
+        """``_append`` of a decoder made with ``logprobs``: a message's delta takes the entries
+        of the tokens fed since the last one."""
+        if self._content_kind != "message":
+            HarmonyDecoder._append(self, delta)
+        elif delta:  # (a flushed special token's text alone leaves nothing)
+            entries = list(self._lp_pending)
+            self._lp_pending.clear()
+            self._builder.append_text(delta, entries)
+
     def _close(self, status: ItemStatus) -> None:
         if self._custom is not None:
             self._builder.append(self._custom.finish())
@@ -240,6 +309,7 @@ class HarmonyDecoder:
         self._builder.close_item(status)
         self._in_content = False
         self._content_kind = None
+        self._lp_pending.clear()  # tokens that made no text (an unfinished character)
 
     def _recover(self, tokens: Sequence[int], why: str, status: ItemStatus = "completed") -> None:
         if not tokens:

@@ -12,8 +12,9 @@ and only ever read back as data.
 How a cancelled stream ends: OpenAI's stream event union has no cancellation event (its webhook
 for the same moment is named ``response.cancelled``). A cancelled response's log ends with
 :class:`ResponseCancelled`, type ``response.cancelled``, whose ``response.status`` is
-``"cancelled"``. Clients that do not know the type (the OpenAI SDK parses it as an unknown event)
-still see the stream end, and ``GET`` returns the cancelled Response.
+``"cancelled"``: the log says what happened. On the wire it is sent as ``response.incomplete``
+(same payload, ``status`` still ``"cancelled"``; see :mod:`domain.projections`), the terminal the
+OpenAI SDK types and accumulates, and ``GET`` returns the cancelled Response.
 
 Audit records (:class:`PromptTokens`, :class:`OutputTokens`, :class:`EngineFinished`) are not
 stream events: they never take a ``sequence_number`` and are never sent to stream clients.

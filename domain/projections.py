@@ -4,6 +4,15 @@ The SSE frame of an event is a pure function of the stored event: ``sse_frame(ty
 payload_json)`` where ``payload_json`` is the JSON object of the event's fields other than
 ``type`` and ``sequence_number`` -- exactly what the store keeps. Replaying a stored log therefore
 re-sends the bytes that were streamed live, without parsing or re-serialising anything.
+
+One stored type is sent under another name: the log's ``response.cancelled`` (the truth: the
+response was cancelled, its ``response.status`` is ``"cancelled"``) goes out as
+``response.incomplete`` (:func:`wire_type`). OpenAI's stream event union, and so the OpenAI SDK
+(3.57), has no cancellation event: the SDK parsed ``response.cancelled`` as an audio delta event
+without a ``response``, and its ``responses.stream()`` accumulator never saw the stream end.
+``response.incomplete`` is the terminal the SDK types and accumulates for a response that stopped
+before it finished (it fills ``output`` from the streamed items); its ``response.status`` stays
+``"cancelled"``, as GET returns it.
 """
 
 from __future__ import annotations
@@ -45,6 +54,7 @@ __all__ = [
     "sse_frame",
     "to_sse",
     "to_wire",
+    "wire_type",
 ]
 
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
@@ -109,8 +119,18 @@ def payload_and_json(event: Event) -> tuple[Json | None, str]:
     return obj, _dumps(obj)
 
 
+#: Stored event types sent under another type on the wire (see the module docstring).
+_WIRE_TYPES = {ResponseCancelled.type: ResponseIncomplete.type}
+
+
+def wire_type(type_: str) -> str:
+    """The type a stored event of type ``type_`` is sent as (the same, but for cancellation)."""
+    return _WIRE_TYPES.get(type_, type_)
+
+
 def sse_frame(type_: str, seq: int, payload_json_: str) -> bytes:
-    """``event: <type>\\ndata: <one-line JSON>\\n\\n`` for a stored event."""
+    """``event: <type>\\ndata: <one-line JSON>\\n\\n`` for a stored event of type ``type_``."""
+    type_ = _WIRE_TYPES.get(type_, type_)
     return (
         f'event: {type_}\ndata: {{"type":"{type_}","sequence_number":{seq},'
         f"{payload_json_[1:]}\n\n"
@@ -123,7 +143,7 @@ def to_sse(event: Event) -> bytes:
 
 def to_wire(event: Event) -> Json:
     """The event as the OpenAI SDK sees it: ``{"type", "sequence_number", ...fields}``."""
-    return {"type": event.type, "sequence_number": event.sequence_number, **payload(event)}
+    return {"type": wire_type(event.type), "sequence_number": event.sequence_number, **payload(event)}
 
 
 def from_wire(type_: str, seq: int, data: Json) -> Event:
@@ -162,10 +182,15 @@ def fold(events: Iterable[Event]) -> Json:
             case OutputItemDone():
                 items[event.output_index] = copy_json(event.item)
             case ContentPartAdded():
-                items[event.output_index].setdefault("content", []).append(dict(event.part))
+                items[event.output_index].setdefault("content", []).append(copy_json(event.part))
             case ContentPartDone():
                 items[event.output_index]["content"][event.content_index] = dict(event.part)
-            case OutputTextDelta() | ReasoningTextDelta():
+            case OutputTextDelta():
+                part = items[event.output_index]["content"][event.content_index]
+                part["text"] = part.get("text", "") + event.delta
+                if event.logprobs:
+                    part.setdefault("logprobs", []).extend(event.logprobs)
+            case ReasoningTextDelta():
                 part = items[event.output_index]["content"][event.content_index]
                 part["text"] = part.get("text", "") + event.delta
             case FunctionCallArgumentsDelta():

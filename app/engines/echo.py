@@ -144,6 +144,8 @@ class EchoEngine:
     #: Its answer is fixed by the prompt (or the script): it cannot enforce a grammar, and is
     #: never given one (structured outputs are shown to the model in the prompt only).
     constrains = False
+    #: Its tokens are not sampled from a distribution: there are no log probabilities to give.
+    supports_logprobs = False
 
     def __init__(self, encoding: HarmonyEncoding, model_names: Sequence[str]) -> None:
         self._encoding = encoding

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 from domain.events import fast_init
+from domain.logprobs import TokenLogprob
 
 FinishReason = Literal["stop", "length", "abort", "error"]
 
@@ -39,6 +40,10 @@ class Sampling:
     #: An llguidance Lark grammar for everything generated (``app.constraints``), or None. Only an
     #: engine whose ``constrains`` is true is ever given one.
     grammar: str | None = None
+    #: None: no log probabilities. ``k`` (0..20): each output token's log probability and those
+    #: of the ``k`` most likely tokens at its position (``EngineChunk.logprobs``). Only engines
+    #: whose ``supports_logprobs`` is True are asked.
+    logprobs: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,12 +53,16 @@ class EngineChunk:
     ``finish_reason``: ``stop`` (a stop token ended it; the stop token is included in
     ``token_ids``), ``length`` (``max_tokens`` reached), ``abort`` (``abort`` was called),
     ``error`` (the engine failed; ``error`` says how).
+
+    ``logprobs``: only when ``Sampling.logprobs`` asked for them, one per token id, in order:
+    ``(logprob, [(token id, logprob), ...])``, the top-k most likely first (none when k is 0).
     """
 
     token_ids: Sequence[int]
     finish_reason: FinishReason | None = None
     num_cached_tokens: int | None = None
     error: str | None = None
+    logprobs: Sequence[TokenLogprob] | None = None
 
 
 fast_init(EngineChunk)  # one is made per token
@@ -85,6 +94,9 @@ class Engine(Protocol):
     max_model_len: int | None
     #: Whether the engine enforces ``Sampling.grammar`` (structured outputs).
     constrains: bool
+    #: Whether it can honour ``Sampling.logprobs``; a request for them to an engine that cannot
+    #: is refused before generation.
+    supports_logprobs: bool
 
     async def start(self) -> None: ...
 

@@ -20,6 +20,12 @@ Checks done here because vLLM does not do them (or does them badly) without a to
   which the client would see as a truncated answer with no reason; here it is ``PromptTooLong``.
   ``max_tokens=None`` means "the rest of the context".
 
+Log probabilities (``Sampling.logprobs = k``): vLLM is asked for ``logprobs=k`` in its flat
+layout (``flat_logprobs=True``: a few lists per request instead of a dict per token), which holds
+per position the sampled token first, then the top ``k`` by rank. They are vLLM's default
+``raw_logprobs``: the model's distribution before temperature, top_p and logit_bias. Token ids
+only (``detokenize=False``): the service turns them into text and bytes with Harmony.
+
 When the engine core dies (``EngineDeadError``) each open generation ends with a chunk whose
 ``finish_reason`` is ``error``, and :meth:`VllmEngine.healthy` turns False; nothing hangs.
 
@@ -64,6 +70,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import gc
 import json
 import logging
@@ -75,7 +82,14 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from app.engines.protocol import EngineChunk, EngineError, FinishReason, PromptTooLong, Sampling
+from app.engines.protocol import (
+    EngineChunk,
+    EngineError,
+    FinishReason,
+    PromptTooLong,
+    Sampling,
+    TokenLogprob,
+)
 
 if TYPE_CHECKING:
     from vllm.outputs import RequestOutput
@@ -311,6 +325,8 @@ class VllmEngine:
     :meth:`start` has returned (before that ``vocab_size`` is 0 and generate() refuses).
     """
 
+    supports_logprobs = True
+
     def __init__(self, config: VllmEngineConfig) -> None:
         self.config = config
         self.model_names: tuple[str, ...] = config.model_names
@@ -455,6 +471,8 @@ class VllmEngine:
             "seed": sampling.seed,
             "presence_penalty": sampling.presence_penalty,
             "frequency_penalty": sampling.frequency_penalty,
+            "logprobs": sampling.logprobs,
+            "flat_logprobs": True if sampling.logprobs is not None else None,
         }
         return SamplingParams(
             max_tokens=max_tokens,
@@ -481,9 +499,12 @@ class VllmEngine:
         params = self._sampling_params(sampling, max_tokens)
         outputs = llm.generate(TokensPrompt(prompt_token_ids=prompt), params, request_id)
         finished = False
+        top_k = sampling.logprobs
         try:
             async for output in outputs:
                 chunk = self._chunk(output)
+                if top_k is not None:
+                    chunk = _with_logprobs(chunk, output.outputs[0].logprobs, top_k)
                 finished = chunk.finish_reason is not None
                 yield chunk
                 if finished:
@@ -532,6 +553,35 @@ class VllmEngine:
             num_cached_tokens=cached,
             error="vLLM reported an error for this request" if reason == "error" else None,
         )
+
+
+def _with_logprobs(chunk: EngineChunk, logprobs: Any, k: int) -> EngineChunk:
+    """``chunk`` with its tokens' log probabilities, from vLLM's ``logprobs`` of the new
+    positions (``k``: how many top ones were asked for)."""
+    count = len(chunk.token_ids)
+    if count == 0:
+        return chunk
+    if logprobs is None or len(logprobs) != count:
+        got = "none" if logprobs is None else len(logprobs)
+        raise EngineError(f"vLLM returned logprobs for {got} of {count} new tokens")
+    entries: list[TokenLogprob] = []
+    if hasattr(logprobs, "start_indices"):
+        # FlatLogprobs: per position the sampled token's entry, then the top k in rank order
+        ids, values = logprobs.token_ids, logprobs.logprobs
+        for start, end in zip(logprobs.start_indices, logprobs.end_indices, strict=True):
+            top = list(zip(ids[start + 1 : end], values[start + 1 : end], strict=True))
+            entries.append((values[start], top))
+    else:
+        # {token id: Logprob(logprob, rank)} per position: the sampled token is merged into the
+        # top k when it is one of them (rank <= k)
+        for token_id, position in zip(chunk.token_ids, logprobs, strict=True):
+            ranked = sorted(
+                (lp.rank, tid, lp.logprob)
+                for tid, lp in position.items()
+                if lp.rank is not None and lp.rank <= k
+            )
+            entries.append((position[token_id].logprob, [(tid, value) for _, tid, value in ranked]))
+    return dataclasses.replace(chunk, logprobs=entries)
 
 
 #: The settings names :func:`add_engine_arguments` adds (each one's argparse ``dest``).

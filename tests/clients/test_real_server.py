@@ -68,9 +68,8 @@ def _get(ledger: RunningServer, response_id: str) -> dict[str, Any]:
 
 def _validate(events: list[dict[str, Any]]) -> dict[str, Any]:
     final = check_stream(events)
-    checked = [e for e in events if e.get("type") != "response.cancelled"]
-    validate_with_sdk(checked)
-    for event in checked:
+    validate_with_sdk(events)
+    for event in events:
         validate_stream_event(event)
     return dict(final)
 

@@ -84,7 +84,7 @@ def test_a_background_stream_with_queued_passes() -> None:
             "failed",
             {"error": {"code": "server_error", "message": "engine died"}},
         ),
-        ("response.cancelled", "cancelled", {}),
+        ("response.incomplete", "cancelled", {}),
     ],
 )
 def test_other_terminal_events_pass(terminal: str, status: str, extra: dict[str, Any]) -> None:

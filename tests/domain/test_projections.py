@@ -2,7 +2,8 @@ from __future__ import annotations
 
 import json
 
-from openai.types.responses import Response
+from openai.types.responses import Response, ResponseIncompleteEvent, ResponseStreamEvent
+from pydantic import TypeAdapter
 
 from domain.builder import Usage
 from domain.events import OutputItemAdded, OutputTextDelta
@@ -14,6 +15,7 @@ from domain.projections import (
     sse_frame,
     to_sse,
     to_wire,
+    wire_type,
 )
 from tests.domain.factories import make_builder
 
@@ -91,3 +93,23 @@ def test_output_items_replay_as_input_items() -> None:
     assert replay[0] == {"type": "reasoning", "id": output[0]["id"], "summary": [],
                          "content": [{"type": "reasoning_text", "text": "why"}]}
     assert replay[1]["call_id"] == output[1]["call_id"] and replay[1]["arguments"] == "{}"
+
+
+def test_a_cancelled_log_ends_on_the_wire_as_the_sdks_incomplete_event_with_status_cancelled() -> None:
+    b = make_builder(background=True)
+    b.created(queued=True)
+    b.in_progress()
+    b.open_message()
+    b.append("half an ans")
+    b.finish("cancelled", usage=Usage(7, 0, 3, 0))
+    events = b.take()
+    terminal = events[-1]
+    assert terminal.type == "response.cancelled"  # the log says what happened
+    head, data, _ = to_sse(terminal).split(b"\n", 2)
+    assert head == b"event: response.incomplete"
+    wire = json.loads(data[6:])
+    assert wire == to_wire(terminal) and wire["type"] == "response.incomplete"
+    parsed = TypeAdapter(ResponseStreamEvent).validate_python(wire)
+    assert isinstance(parsed, ResponseIncompleteEvent) and parsed.response.status == "cancelled"
+    assert fold(events)["status"] == "cancelled"
+    assert wire_type("response.completed") == "response.completed"

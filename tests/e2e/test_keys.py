@@ -220,9 +220,9 @@ def test_another_projects_item_is_exactly_a_missing_one(ledger: Ledger) -> None:
             _error(absent, 400)
             assert theirs.text.replace(item, "ID") == absent.text.replace(missing, "ID")
             assert ledger.call("POST", path, "alpha", json=body).status_code == 200, path
-    with OpenAI(base_url=ledger.url + "/v1", api_key=ledger.keys["beta"], max_retries=0) as beta:
-        with pytest.raises(openai.BadRequestError):
-            beta.responses.input_tokens.count(model=MODEL, input=[{"type": "item_reference", "id": items[1]}])
+    beta = OpenAI(base_url=ledger.url + "/v1", api_key=ledger.keys["beta"], max_retries=0)
+    with beta, pytest.raises(openai.BadRequestError):
+        beta.responses.input_tokens.count(model=MODEL, input=[{"type": "item_reference", "id": items[1]}])
 
 
 def test_the_owner_reaches_every_route(ledger: Ledger) -> None:

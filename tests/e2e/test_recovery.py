@@ -84,8 +84,10 @@ def test_a_restarted_server_continues_the_killed_servers_response(
     url = f"sqlite+aiosqlite:///{tmp_path / 'responses.db'}"
     settings = Settings(engine="scripted", database_url=url, served_model_names=(MODEL,))
     engine = ScriptedEngine(load_encoding(), [MODEL], {"turns": [turn]})
-    with serve(settings, engine=engine) as second:
-        client = OpenAI(base_url=second.base_url + "/v1", api_key="k", max_retries=0, timeout=30)
+    # the client closed with the server: a pooled socket left to the GC warns in a later test
+    with serve(settings, engine=engine) as second, OpenAI(
+        base_url=second.base_url + "/v1", api_key="k", max_retries=0, timeout=30
+    ) as client:
         # a follower from the middle of the log gets the continuation, each event once
         middle = before[-1]["seq"]
         tail = list(client.responses.retrieve(response_id, stream=True, starting_after=middle))
@@ -125,8 +127,10 @@ def test_killed_server_closes_the_response_at_restart(
     engine = ScriptedEngine(
         load_encoding(), [MODEL], {"turns": [{"completion": harmony(("final", "Back again."))}]}
     )
-    with serve(settings, engine=engine) as second:
-        client = OpenAI(base_url=second.base_url + "/v1", api_key="k", max_retries=0, timeout=30)
+    # the client closed with the server: a pooled socket left to the GC warns in a later test
+    with serve(settings, engine=engine) as second, OpenAI(
+        base_url=second.base_url + "/v1", api_key="k", max_retries=0, timeout=30
+    ) as client:
         response = client.responses.retrieve(response_id)
         assert response.status == "failed"
         assert response.error is not None
