@@ -13,11 +13,12 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from sse_starlette import EventSourceResponse
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from app import transport
+from app import input_tokens, transport
 from app.body import json_body
 from app.contract import check_request
 from app.errors import APIError, guard, not_found
@@ -28,7 +29,7 @@ from app.service import ResponseService
 from app.wire import CreateResponse
 from persistence.errors import StoreUnavailable
 
-__all__ = ["routes"]
+__all__ = ["route_error", "routes"]
 
 log = logging.getLogger(__name__)
 
@@ -231,6 +232,49 @@ async def list_models(request: Request) -> Response:
     )
 
 
+async def count_input_tokens(request: Request) -> Response:
+    service = _service(request)
+    body = await json_body(request, service.settings.max_body_bytes)
+    return JSONResponse(await input_tokens.count(service, body, project=caller_of(request).project))
+
+
+async def unknown_action(request: Request) -> Response:
+    """``POST /v1/responses/{name}``: OpenAI's actions on responses are POSTs to a name under
+    ``/v1/responses/`` (``input_tokens``, ``compact``); one this server does not serve is an
+    unknown URL (404: the SDK's ``NotFoundError``), not a wrong method on a response's path."""
+    raise _invalid_url(request)
+
+
+def _invalid_url(request: Request) -> APIError:
+    return APIError(404, f"Invalid URL ({request.method} {request.url.path})")
+
+
+def _allowed(request: Request) -> str:
+    """The methods the path takes, over every route that serves it (Starlette's 405 names only
+    the first route that matched the path)."""
+    methods: list[str] = []
+    for route in routes:
+        if route.name != "unknown_action" and route.path_regex.match(request.url.path) and route.methods:
+            methods.extend(m for m in sorted(route.methods) if m not in methods)
+    return ", ".join(methods)
+
+
+def route_error(request: Request, exc: HTTPException) -> APIError:
+    """What Starlette's router raises, in OpenAI's shape: an unknown path is 404 ``Invalid URL``
+    (as OpenAI words it), a known path asked with a method it does not take is 405 with
+    ``Allow``; anything else keeps its status."""
+    if exc.status_code == 404:
+        return _invalid_url(request)
+    if exc.status_code == 405:
+        allowed = _allowed(request)
+        return APIError(
+            405,
+            f"Method {request.method} is not allowed for {request.url.path}; use {allowed}.",
+            headers={"Allow": allowed} if allowed else None,
+        )
+    return APIError(exc.status_code, str(exc.detail), headers=dict(exc.headers or {}) or None)
+
+
 async def health(request: Request) -> Response:
     """200 ``{"status": "ok"}`` when the server can take requests; otherwise 503 with the
     ``reason`` (starting, engine down, database unavailable or read-only)."""
@@ -266,10 +310,12 @@ async def ready(request: Request) -> Response:
 
 routes = [
     Route("/v1/responses", guard(create_response), methods=["POST"]),
+    Route("/v1/responses/input_tokens", guard(count_input_tokens), methods=["POST"]),
     # scoped: another project's response is 404, exactly like a missing one (app.ownership);
     # guard: whatever a route raises is an OpenAI-shaped answer (app.errors)
     Route("/v1/responses/{response_id}", guard(scoped(get_response)), methods=["GET"]),
     Route("/v1/responses/{response_id}", guard(scoped(delete_response)), methods=["DELETE"]),
+    Route("/v1/responses/{response_id}", guard(unknown_action), methods=["POST"], name="unknown_action"),
     Route("/v1/responses/{response_id}/cancel", guard(scoped(cancel_response)), methods=["POST"]),
     Route("/v1/responses/{response_id}/input_items", guard(scoped(list_input_items)), methods=["GET"]),
     Route("/v1/responses/{response_id}/events", guard(scoped(list_events, audit=True)), methods=["GET"]),

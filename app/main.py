@@ -29,7 +29,7 @@ from app.browser import BrowserGuard, allowed_hosts
 from app.encoding import load_encoding
 from app.engines.protocol import Engine, EngineError
 from app.errors import APIError, handle_exception
-from app.http import routes
+from app.http import route_error, routes
 from app.keys import KeyRing, is_loopback, keys_required
 from app.leases import SingleProcessOnly, check_single_process
 from app.limits import KeyLimits
@@ -179,7 +179,7 @@ def create_app(
 
     async def http_exception(request: Any, exc: Exception) -> Any:
         assert isinstance(exc, HTTPException)
-        return await handle_exception(request, APIError(exc.status_code, str(exc.detail)))
+        return await handle_exception(request, route_error(request, exc))
 
     handled: dict[Any, Any] = {HTTPException: http_exception, Exception: handle_exception}
     # Known errors go to ExceptionMiddleware (answered, not re-raised); Exception is the last resort.

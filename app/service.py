@@ -27,7 +27,7 @@ from typing import Any
 
 from openai_harmony import HarmonyEncoding
 
-from app import constraints, offload
+from app import constraints, item_refs, offload
 from app.chunked_render import ChunkedEncoding, is_panic, text_size_over
 from app.contract import UNSET_FIELDS
 from app.drain import Drain
@@ -240,11 +240,7 @@ class ResponseService:
             )
         if request.store or request.previous_response_id:
             self.check_writable()  # a store=false response without history needs no database
-        history: list[dict[str, Any]] = []
-        if request.previous_response_id:
-            history = await self._history(request.previous_response_id, project)
-        input_items = normalize_input(request.input)
-        rendered, truncated = await self._render(request, history, input_items)
+        input_items, rendered, truncated = await self.prompt(request, project)
         prompt_ids = rendered.token_ids
         sampling = self._sampling(request, rendered, len(prompt_ids))
 
@@ -312,6 +308,21 @@ class ResponseService:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    async def prompt(
+        self, request: CreateResponse, project: str
+    ) -> tuple[list[dict[str, Any]], RenderedPrompt, Truncated[RenderedPrompt] | None]:
+        """The request's input items (normalised) and its prompt, rendered with its
+        ``previous_response_id`` chain and its item references (``app.item_refs``), and what
+        ``truncation: "auto"`` dropped: what ``create`` generates from, and what
+        ``app.input_tokens`` counts."""
+        history: list[dict[str, Any]] = []
+        if request.previous_response_id:
+            history = await self._history(request.previous_response_id, project)
+        input_items = normalize_input(request.input)
+        references = await item_refs.resolve(self.store, project, [*history, *input_items])
+        rendered, truncated = await self._render(request, history, input_items, references)
+        return input_items, rendered, truncated
+
     async def _history(self, previous_response_id: str, project: str) -> list[dict[str, Any]]:
         try:
             chain = await self.store.load_chain(previous_response_id, project=project)
@@ -334,7 +345,11 @@ class ResponseService:
         return items
 
     async def _render(
-        self, request: CreateResponse, history: list[dict[str, Any]], input_items: list[dict[str, Any]]
+        self,
+        request: CreateResponse,
+        history: list[dict[str, Any]],
+        input_items: list[dict[str, Any]],
+        references: dict[str, dict[str, Any]],
     ) -> tuple[RenderedPrompt, Truncated[RenderedPrompt] | None]:
         """The prompt, with every token id checked against the engine's vocabulary. A large one
         (over ``_LARGE_PROMPT_CHARS`` of text) is rendered in a worker thread, its long texts in
@@ -345,12 +360,6 @@ class ResponseService:
         items (:mod:`domain.truncation`); what was dropped comes back with it."""
         constraints.check_tool_formats(request.tools)
         effort = (request.reasoning.effort if request.reasoning else None) or self.settings.default_reasoning_effort
-        # item_reference: an item of the previous_response_id chain or of this request's input
-        known = {
-            item["id"]: item
-            for item in [*history, *input_items]
-            if isinstance(item.get("id"), str) and item.get("type") != "item_reference"
-        }
         prompt = PromptRequest(
             instructions=request.instructions,
             items=[*history, *input_items],
@@ -360,7 +369,7 @@ class ResponseService:
             current_date=datetime.now(UTC).strftime("%Y-%m-%d"),
             history_length=len(history),
             decrypt=self.cipher.decrypt,
-            resolve_reference=known.get,
+            resolve_reference=references.get,
             response_format=(request.text or {}).get("format"),
         )
         vocab_size = self.engine.vocab_size
@@ -375,7 +384,7 @@ class ResponseService:
         def measure(items: Sequence[Any], history_length: int) -> RenderedPrompt:
             return render(dataclasses.replace(prompt, items=items, history_length=history_length))
 
-        search = functools.partial(fit, prompt.items, len(history), measure, fits, resolve=known.get)
+        search = functools.partial(fit, prompt.items, len(history), measure, fits, resolve=references.get)
         truncated = await offload.run(search) if large else search()
         if truncated is None:  # not even the last item alone fits: context_length_exceeded
             return rendered, None

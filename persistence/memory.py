@@ -11,12 +11,13 @@ import asyncio
 import dataclasses
 import json
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from persistence.errors import ConcurrencyError, NotFound, StoreError
 from persistence.health import StoreHealth
+from persistence.item_index import IndexRow, LocatedItem, input_rows, output_row
 from persistence.lifecycle import (
     OUTPUT_ITEM_DONE,
     TERMINAL_EVENT_TYPES,
@@ -98,6 +99,8 @@ class MemoryStore:
         self._owners: dict[str, str | None] = {}
         self._tokens: dict[str, list[int]] = {}
         self._replica: tuple[Replica, float] | None = None
+        #: ``item_index``: item id -> where it is (rows in the order they were written)
+        self._index: dict[str, list[IndexRow]] = {}
 
     async def create_response(self, new: NewResponse) -> None:
         await self.submit_create(new)
@@ -137,6 +140,7 @@ class MemoryStore:
         self._events[new.id] = []
         self._audit[new.id] = []
         self._inputs[new.id] = inputs
+        self._add_index(input_rows(new.id, new.input_items))
 
     def submit(
         self,
@@ -179,6 +183,9 @@ class MemoryStore:
                 f"response {response_id!r}: expected_seq {expected_seq}, next seq is {len(log)}"
             )
         log.extend(encoded)
+        self._add_index(
+            row for row in (output_row(response_id, e) for e in events if e.type == OUTPUT_ITEM_DONE) if row
+        )
         self._tokens[response_id].extend(unpack_token_ids(pack_token_ids(token_ids)))
         for event in events:
             update = row_update(event)
@@ -271,7 +278,38 @@ class MemoryStore:
             return False
         del self._events[response_id], self._audit[response_id], self._inputs[response_id]
         del self._tokens[response_id]
+        for ident in [i for i, rows in self._index.items() if any(r[1] == response_id for r in rows)]:
+            kept = [r for r in self._index[ident] if r[1] != response_id]
+            if kept:
+                self._index[ident] = kept
+            else:
+                del self._index[ident]
         return True
+
+    def _add_index(self, rows: Iterable[IndexRow]) -> None:
+        for row in rows:
+            self._index.setdefault(row[0], []).append(row)
+
+    async def find_items(self, item_ids: Sequence[str], *, project: str) -> dict[str, LocatedItem]:
+        self._check_open()
+        found: dict[str, LocatedItem] = {}
+        for ident in item_ids:
+            candidates = [
+                (source == "output", self._rows[rid].created_at, n, rid, source, position, seq)
+                for n, (_, rid, source, position, seq) in enumerate(self._index.get(ident, ()))
+                if self._rows[rid].project == project
+            ]
+            if not candidates:
+                continue
+            *_, rid, source, position, seq = max(candidates)
+            if source == "output":
+                event = self._events[rid][seq if seq is not None else -1]
+                item = json.loads(event.payload_json)["item"]
+                found[ident] = LocatedItem(rid, "output", position, item)
+            else:
+                item = json.loads(self._inputs[rid][position].item_json)
+                found[ident] = LocatedItem(rid, "input", position, item)
+        return found
 
     async def list_input_items(
         self, response_id: str, *, after: str | None, limit: int, order: Order

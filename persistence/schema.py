@@ -39,6 +39,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 __all__ = [
     "DIALECTS",
     "api_keys",
+    "item_index",
     "metadata",
     "replicas",
     "response_audit",
@@ -134,6 +135,27 @@ response_input_items = Table(
     Column("item_id", Text, nullable=False),
     Column("item", _Json, nullable=False),
     Index(None, "response_id", "item_id"),
+    sqlite_with_rowid=False,
+)
+
+#: Where every stored item is (migration 0006): ``item_reference`` resolves any item of the caller's
+#: project through it. ``source`` "input": ``response_input_items`` at ``position``; "output": the
+#: ``response.output_item.done`` event at ``seq`` (``position`` is its ``output_index``). Written in
+#: the same transaction as what makes the item durable; the project is the response's (a join).
+item_index = Table(
+    "item_index",
+    metadata,
+    Column("item_id", Text, primary_key=True),
+    Column(
+        "response_id",
+        Text,
+        ForeignKey("responses.id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    Column("source", Text, primary_key=True),
+    Column("position", Integer, primary_key=True, autoincrement=False),
+    Column("seq", Integer),
+    Index(None, "response_id"),
     sqlite_with_rowid=False,
 )
 

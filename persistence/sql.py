@@ -73,6 +73,7 @@ from persistence.errors import (
 )
 from persistence.group_commit import GroupCommit, Outcome
 from persistence.health import StoreHealth, describe, is_unavailable
+from persistence.item_index import IndexRow, LocatedItem, input_rows, output_row, pick
 from persistence.lifecycle import (
     OUTPUT_ITEM_DONE,
     TERMINAL_EVENT_TYPES,
@@ -99,6 +100,7 @@ from persistence.records import (
 )
 from persistence.schema import (
     api_keys,
+    item_index,
     response_audit,
     response_events,
     response_input_items,
@@ -260,6 +262,7 @@ class _Create:
     response_id: str
     row: tuple[Any, ...]
     items: list[tuple[Any, ...]]
+    index: list[IndexRow]  # the input items' rows of ``item_index``
     future: asyncio.Future[None]
 
 
@@ -271,6 +274,7 @@ class _Append:
     ends: bool
     update: tuple[Any, ...] | None  # the responses row change, ready for the UPDATE
     future: Outcome  # an asyncio future, or the Completion of a submit_then
+    index: list[IndexRow] | None  # output items finished by these events (``item_index``)
 
 
 @dataclass(slots=True, eq=False)
@@ -376,8 +380,9 @@ class SqlStore:
             (new.id, position, item_id(item, position), dump_json(item))
             for position, item in enumerate(new.input_items)
         ]
+        index = input_rows(new.id, new.input_items)
         future = asyncio.get_running_loop().create_future()
-        self._commits.put(_Create(new.id, row, items, future), weight=1 + len(items))
+        self._commits.put(_Create(new.id, row, items, index, future), weight=1 + len(items))
         return future
 
     def submit(
@@ -419,7 +424,12 @@ class SqlStore:
             last = rows[-1]
             rows[-1] = (*last[:5], pack_token_ids(token_ids))
         update: RowUpdate | None = None
+        index: list[IndexRow] | None = None
         for event, row in zip(events, rows, strict=True):
+            if event.type == OUTPUT_ITEM_DONE:  # the one kind of event the item index records
+                located = output_row(response_id, event)
+                if located is not None:
+                    index = [located] if index is None else [*index, located]
             change = row_update(event)
             if change is not None:
                 # a Response snapshot echoes the request (metadata, tools, instructions): the
@@ -433,6 +443,7 @@ class SqlStore:
             events[-1].type in TERMINAL_EVENT_TYPES,
             None if update is None else (*dataclasses.astuple(update), response_id),
             outcome,
+            index,
         )
         self._commits.put(write, weight=len(rows))
 
@@ -760,6 +771,7 @@ class SqlStore:
         outcomes: list[StoreError | None] = []
         creates: list[tuple[Any, ...]] = []
         items: list[tuple[Any, ...]] = []
+        index: list[IndexRow] = []
         events: list[tuple[Any, ...]] = []
         audits: list[tuple[Any, ...]] = []
         updates: dict[str, tuple[Any, ...]] = {}
@@ -772,6 +784,7 @@ class SqlStore:
                     continue
                 creates.append(write.row)
                 items.extend(write.items)
+                index.extend(write.index)
                 tails[rid] = _Tail(0, False)
             elif tail is None:
                 outcomes.append(NotFound(f"no response {rid!r}"))
@@ -797,6 +810,8 @@ class SqlStore:
                 continue
             else:
                 events.extend(write.rows)
+                if write.index is not None:
+                    index.extend(write.index)
                 tails[rid] = _Tail(tail.next_seq + len(write.rows), write.ends)
                 if write.update is not None:
                     updates[rid] = write.update
@@ -806,6 +821,7 @@ class SqlStore:
             for statement, rows in (
                 (self._sql.insert_response, creates),
                 (self._sql.insert_input_item, items),
+                (self._sql.insert_item_index, index),
                 (self._sql.insert_event, events),
                 (self._sql.insert_audit, audits),
                 (self._sql.update_response, list(updates.values())),
@@ -956,6 +972,19 @@ class SqlStore:
                 AuditRecord(kind, unpack_token_ids(bytes(token_ids)), detail)
                 for kind, token_ids, detail in rows
             ]
+
+    async def find_items(self, item_ids: Sequence[str], *, project: str) -> dict[str, LocatedItem]:
+        """The stored items of ``project`` with these ids (``persistence.item_index``); an id
+        that is missing, or another project's, is not in the answer."""
+        self._check_open()
+        ids = sorted({i for i in item_ids if _possible_id(i)})
+        if not ids or not _possible_id(project):
+            return {}
+        async with self._read() as conn:
+            rows = [row for row in await conn.execute(_FIND_ITEMS, {"ids": ids}) if row[6] == project]
+        # by id, the output item first, then the newest response (``persistence.item_index``)
+        rows.sort(key=lambda row: (row[0], row[2] != "output", -(row[7] or 0), row[1]))
+        return pick(row[:6] for row in rows)
 
     async def list_input_items(
         self, response_id: str, *, after: str | None, limit: int, order: Order
@@ -1163,6 +1192,9 @@ class _Statements:
         self.insert_input_item = insert(
             "response_input_items", ("response_id", "position", "item_id", "item")
         )
+        self.insert_item_index = insert(
+            "item_index", ("item_id", "response_id", "source", "position", "seq")
+        )
         self.insert_event = insert(
             "response_events", ("response_id", "seq", "type", "payload", "recorded_at", "token_ids")
         )
@@ -1357,3 +1389,26 @@ _CHAIN_EVENTS = (
     )
     .order_by(_e.c.response_id, _e.c.seq)
 )
+
+# Where each item is (``persistence.item_index``), with the item itself (the input item's row, or
+# the ``output_item.done`` event) and its response's project and age, each a correlated look-up
+# by primary key. Written as subqueries, not joins, so that every planner starts from the ids: as
+# joins, SQLite started from the project's index on ``responses`` (one probe of the item index per
+# response of the project: 6.6 ms at 2,000 responses, growing), and PostgreSQL, on tables freshly
+# filled (no statistics yet), hash-joined whole tables (over 5 s at 100,000 responses).
+_x = item_index
+_ii = response_input_items
+_FIND_ITEMS = select(
+    _x.c.item_id,
+    _x.c.response_id,
+    _x.c.source,
+    _x.c.position,
+    select(_ii.c.item)
+    .where(_ii.c.response_id == _x.c.response_id, _ii.c.position == _x.c.position, _x.c.source == "input")
+    .scalar_subquery(),
+    select(cast(_e.c.payload, Text))
+    .where(_e.c.response_id == _x.c.response_id, _e.c.seq == _x.c.seq, _x.c.source == "output")
+    .scalar_subquery(),
+    select(_r.c.project).where(_r.c.id == _x.c.response_id).scalar_subquery(),
+    select(_r.c.created_at).where(_r.c.id == _x.c.response_id).scalar_subquery(),
+).where(_x.c.item_id.in_(bindparam("ids", expanding=True)))

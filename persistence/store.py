@@ -43,6 +43,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Literal, Protocol
 
 from persistence.health import StoreHealth
+from persistence.item_index import LocatedItem
 from persistence.lifecycle import TERMINAL_EVENT_TYPES
 from persistence.records import (
     ApiKeyRow,
@@ -168,6 +169,12 @@ class EventStore(Protocol):
     async def list_input_items(
         self, response_id: str, *, after: str | None, limit: int, order: Order
     ) -> tuple[list[JsonObject], bool]: ...
+
+    async def find_items(self, item_ids: Sequence[str], *, project: str) -> dict[str, LocatedItem]:
+        """The stored items of ``project`` with these ids, input or output items of any stored
+        response (``persistence.item_index``): an id that is missing, or another project's, is
+        left out. Where one id is in several places, the output item, then the newest response."""
+        ...
 
     async def unfinished(self, *, owned_by_others_than: Sequence[str] | None = None) -> list[str]:
         """Responses whose log has no terminal event (with ``owned_by_others_than``: only

@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import pytest
+from openai import OpenAI
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 
@@ -198,6 +200,29 @@ def test_another_projects_response_is_exactly_a_missing_one(ledger: Ledger) -> N
     # nothing changed: alpha still reads it whole, and nothing was chained or deleted
     assert ledger.call("GET", f"/v1/responses/{rid}", "alpha").json()["status"] == "completed"
     assert _chained_onto(ledger, rid) == 0
+
+
+def test_another_projects_item_is_exactly_a_missing_one(ledger: Ledger) -> None:
+    """An item_reference (in a create and in a token count) to an item of another project's
+    response answers what a reference to a missing id answers; the owner's resolves."""
+    first = _create(ledger, "alpha", input=[{"role": "user", "content": "ALPHA-SECRET"}])
+    items = [first["output"][-1]["id"]]
+    listed = ledger.call("GET", f"/v1/responses/{first['id']}/input_items", "alpha").json()
+    items.append(listed["data"][0]["id"])
+    missing = "msg_" + "0" * 48
+    for item in items:
+        for path in ("/v1/responses", "/v1/responses/input_tokens"):
+            body = {"model": MODEL, "input": [{"type": "item_reference", "id": item}]}
+            absent_body = {"model": MODEL, "input": [{"type": "item_reference", "id": missing}]}
+            theirs = ledger.call("POST", path, "beta", json=body)
+            absent = ledger.call("POST", path, "beta", json=absent_body)
+            assert _error(theirs, 400)["param"] == "input[0].id"
+            _error(absent, 400)
+            assert theirs.text.replace(item, "ID") == absent.text.replace(missing, "ID")
+            assert ledger.call("POST", path, "alpha", json=body).status_code == 200, path
+    beta = OpenAI(base_url=ledger.url + "/v1", api_key=ledger.keys["beta"], max_retries=0)
+    with beta, pytest.raises(openai.BadRequestError):
+        beta.responses.input_tokens.count(model=MODEL, input=[{"type": "item_reference", "id": items[1]}])
 
 
 def test_the_owner_reaches_every_route(ledger: Ledger) -> None:

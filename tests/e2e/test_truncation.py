@@ -130,3 +130,18 @@ def test_auto_still_refuses_when_the_last_item_alone_does_not_fit(
         )
     body: Any = caught.value.body
     assert body["code"] == "context_length_exceeded" and body["param"] == "input"
+
+
+def test_the_token_count_is_of_what_truncation_auto_keeps(
+    client: OpenAI, small_context: ScriptedEngine
+) -> None:
+    engine = small_context
+    items: list[Any] = [{"role": "user", "content": _turn(k)} for k in range(40)]
+    with pytest.raises(openai.BadRequestError) as caught:  # disabled: the same 400 as create
+        client.responses.input_tokens.count(model=MODEL, input=items)
+    assert caught.value.body["code"] == "context_length_exceeded"  # type: ignore[index]
+    counted = client.responses.input_tokens.count(model=MODEL, input=items, truncation="auto")
+    assert counted.input_tokens < LIMIT
+    response = client.responses.create(model=MODEL, input=items, truncation="auto", store=False)
+    assert counted.input_tokens == len(engine.prompts[-1]) == response.usage.input_tokens  # type: ignore[union-attr]
+    assert "turn0 " not in _prompt_text(engine) and _turn(39) in _prompt_text(engine)

@@ -449,6 +449,65 @@ class EventStoreContract:
         assert chain[0].row.status == "completed" and chain[2].row.last_seq == 0
         assert [link.row.id for link in await store.load_chain(first)] == [first]
 
+    # -- the item index (item_reference to any stored item) -------------------------------
+
+    async def test_find_items_input_and_output_of_any_response(self, store: EventStore) -> None:
+        first = new_response(
+            input_items=[
+                user_message("question", item_id="msg_q"),
+                {"type": "item_reference", "id": "msg_elsewhere"},
+            ]
+        )
+        await store.create_response(first)
+        await store.append(first.id, [created(first.id)], 0)
+        assert (await store.find_items(["msg_q"], project="default"))["msg_q"].source == "input"
+        assert await store.find_items(["msg_a", "fc_1"], project="default") == {}  # not done yet
+        await store.append(
+            first.id,
+            [
+                delta(1, "Hi"),
+                text_done(2, "Hi", item_id="msg_a"),
+                message_done(3, "Hi", item_id="msg_a"),
+                function_call_done(
+                    4, item_id="fc_1", call_id="call_1", name="f", arguments="{}", output_index=1
+                ),
+            ],
+            1,
+        )
+        # durable with its output_item.done event, before the response ends
+        found = await store.find_items(["msg_q", "msg_a", "fc_1", "msg_elsewhere", "nope"], project="default")
+        assert set(found) == {"msg_q", "msg_a", "fc_1"}  # a reference is not an item
+        assert found["msg_q"] == (first.id, "input", 0, first.input_items[0])
+        assert found["msg_a"].source == "output" and found["msg_a"].position == 0
+        assert found["msg_a"].item["content"][0]["text"] == "Hi"
+        assert found["fc_1"][:3] == (first.id, "output", 1)
+        assert found["fc_1"].item["call_id"] == "call_1"
+        await store.append(first.id, [completed(first.id, 5)], 5)
+        # a later, unrelated response replays msg_a as input: the output item still wins
+        echo = dict(found["msg_a"].item, content=[{"type": "output_text", "text": "edited"}])
+        other = new_response(input_items=[echo])
+        await store.create_response(other)
+        again = await store.find_items(["msg_a"], project="default")
+        assert again["msg_a"].response_id == first.id and again["msg_a"].source == "output"
+
+    async def test_find_items_is_scoped_to_a_project_and_gone_with_its_response(
+        self, store: EventStore
+    ) -> None:
+        mine = new_response(input_items=[user_message("mine", item_id="msg_mine")], project="p1")
+        await store.create_response(mine)
+        await store.append(mine.id, [created(mine.id), message_done(1, "ok", item_id="msg_out")], 0)
+        assert await store.find_items(["msg_mine", "msg_out"], project="p2") == {}
+        assert set(await store.find_items(["msg_mine", "msg_out"], project="p1")) == {"msg_mine", "msg_out"}
+        # the same id in two projects: each sees its own
+        theirs = new_response(input_items=[user_message("theirs", item_id="msg_mine")], project="p2")
+        await store.create_response(theirs)
+        assert (await store.find_items(["msg_mine"], project="p2"))["msg_mine"].response_id == theirs.id
+        assert (await store.find_items(["msg_mine"], project="p1"))["msg_mine"].response_id == mine.id
+        assert await store.delete(mine.id) is True
+        assert await store.find_items(["msg_mine", "msg_out"], project="p1") == {}
+        assert set(await store.find_items(["msg_mine"], project="p2")) == {"msg_mine"}
+        assert await store.find_items(["bad\x00id", ""], project="p1") == {}
+
     async def test_load_chain_with_a_missing_link_is_not_found(self, store: EventStore) -> None:
         first = await _started(store)
         second = await _started(store, previous=first)

@@ -36,7 +36,12 @@ async def test_every_cookbook_query_runs(sql_url: str) -> None:
     finally:
         await store.close()
     dialect = "sqlite3" if sql_url.startswith("sqlite") else "psql"
-    queries = [q.replace("resp_abc123", conversation.r2) for q in _queries(dialect)]
+    # msg_2: r2's answer (an output item); in_1: r1's question (an input item)
+    queries = [
+        q.replace("resp_abc123", conversation.r2).replace("msg_abc123", "msg_2")
+        for q in _queries(dialect)
+    ]
+    queries += [q.replace("msg_2", "in_1") for q in queries if "item_index" in q]
     if dialect == "sqlite3":
         connection = sqlite3.connect(sql_url.split("///", 1)[1])
         try:
@@ -50,7 +55,7 @@ async def test_every_cookbook_query_runs(sql_url: str) -> None:
         finally:
             await pg.close()
     for query, rows in zip(queries, results, strict=True):
-        if conversation.r2 in query and "function_calls" not in query:
+        if (conversation.r2 in query and "function_calls" not in query) or "item_index" in query:
             assert rows, f"no rows for:\n{query}"
     assert [tuple(r) for r in results[0]] == [("completed", "It is 21 °C in Paris.")]
 

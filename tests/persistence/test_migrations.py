@@ -27,7 +27,7 @@ _TABLES = {
     "response_input_items",
     "response_audit",
     "server_secrets",
-    "api_keys", "replicas"}
+    "api_keys", "replicas", "item_index"}
 _VIEWS = {
     "response_timeline",
     "response_text",
@@ -217,5 +217,35 @@ async def test_rows_made_before_projects_belong_to_the_default_project(empty_url
         await store.create_response(new)
         made = await store.get(new.id)
         assert made is not None and (made.project, made.api_key_id) == ("alpha", "key_x")
+    finally:
+        await store.close()
+
+
+async def test_items_stored_before_the_item_index_are_found(empty_url: str) -> None:
+    await migrate.upgrade_async(empty_url, "0005")
+    statements = [
+        "INSERT INTO responses (id, model, status, created_at, background, request, project) "
+        "VALUES ('resp_old', 'gpt-oss-20b', 'completed', 1, false, '{}', 'alpha')",
+        "INSERT INTO response_input_items (response_id, position, item_id, item) VALUES "
+        "('resp_old', 0, 'msg_in', '{\"id\": \"msg_in\", \"type\": \"message\", \"role\": \"user\", "
+        "\"content\": [{\"type\": \"input_text\", \"text\": \"hi\"}]}'), "
+        "('resp_old', 1, 'msg_ref', '{\"id\": \"msg_ref\", \"type\": \"item_reference\"}')",
+        "INSERT INTO response_events (response_id, seq, type, payload, recorded_at) VALUES "
+        "('resp_old', 0, 'response.output_item.done', '{\"output_index\": 0, \"item\": {\"id\": "
+        "\"msg_out\", \"type\": \"message\", \"role\": \"assistant\", \"content\": []}}', 1.0)",
+    ]
+    for sql in statements:
+        await _execute(empty_url, sql)
+    await migrate.upgrade_async(empty_url)
+    await migrate.check_async(empty_url)
+    store = await open_store(empty_url, migrate=False)
+    try:
+        found = await store.find_items(["msg_in", "msg_out", "msg_ref"], project="alpha")
+        assert {k: v[:3] for k, v in found.items()} == {
+            "msg_in": ("resp_old", "input", 0),
+            "msg_out": ("resp_old", "output", 0),
+        }
+        assert found["msg_in"].item["content"][0]["text"] == "hi"
+        assert await store.find_items(["msg_in"], project="default") == {}
     finally:
         await store.close()

@@ -1,0 +1,102 @@
+"""``item_reference`` to any stored item of the project, through the OpenAI SDK against the real
+server: output items (reasoning, messages, function calls) and input items of earlier responses,
+with no ``previous_response_id``, as the Vercel AI SDK sends them."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import openai
+import pytest
+from openai import OpenAI
+
+from app.encoding import load_encoding
+from app.engines.scripted import ScriptedEngine
+from tests.e2e.conftest import MODEL, harmony
+
+TOOL = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "Weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+}
+
+
+def _decode(ids: list[int]) -> str:
+    return load_encoding().decode_utf8(ids)
+
+
+def _ref(item_id: str) -> dict[str, Any]:
+    return {"type": "item_reference", "id": item_id}
+
+
+def test_references_to_earlier_output_and_input_items(client: OpenAI, engine: ScriptedEngine) -> None:
+    engine.add_turns({"completion": harmony(("analysis", "Think BLUE-42."), ("final", "The sky is blue."))})
+    first = client.responses.create(model=MODEL, input="What colour is the SKY-QUESTION?")
+    reasoning, message = first.output
+    assert (reasoning.type, message.type) == ("reasoning", "message")
+    user_item = client.responses.input_items.list(first.id).data[0]
+
+    engine.add_turns({"completion": harmony(("final", "Yes."))})
+    second = client.responses.create(
+        model=MODEL,
+        input=[_ref(user_item.id), _ref(reasoning.id), _ref(message.id), {"role": "user", "content": "Sure?"}],
+    )
+    assert second.output_text == "Yes."
+    prompt = _decode(engine.prompts[-1])
+    assert "SKY-QUESTION" in prompt and "The sky is blue." in prompt and "Sure?" in prompt
+    # the references are stored as sent, and listed as sent
+    listed = client.responses.input_items.list(second.id, order="asc").data
+    assert [item.type for item in listed] == ["item_reference"] * 3 + ["message"]
+
+
+def test_a_tool_loop_through_references(client: OpenAI, engine: ScriptedEngine) -> None:
+    engine.add_turns(
+        {
+            "completion": harmony(
+                ("analysis", "Need the weather."),
+                ("commentary to=functions.get_weather <|constrain|>json", '{"city": "Paris"}'),
+                end="<|call|>",
+            )
+        }
+    )
+    first = client.responses.create(model=MODEL, input="Weather in Paris?", tools=[TOOL])  # type: ignore[list-item]
+    call = first.output[-1]
+    assert call.type == "function_call"
+    engine.add_turns({"completion": harmony(("final", "Sunny, 21 C."))})
+    second = client.responses.create(
+        model=MODEL,
+        tools=[TOOL],  # type: ignore[list-item]
+        input=[
+            {"role": "user", "content": "Weather in Paris?"},
+            *[_ref(item.id) for item in first.output],  # type: ignore[misc]
+            {"type": "function_call_output", "call_id": call.call_id, "output": json.dumps({"celsius": 21})},
+        ],
+    )
+    assert second.output_text == "Sunny, 21 C."
+    prompt = _decode(engine.prompts[-1])
+    assert 'to=functions.get_weather' in prompt and '{"celsius": 21}' in prompt
+
+
+def test_a_store_false_request_may_reference_stored_items_but_is_not_stored_itself(
+    client: OpenAI, engine: ScriptedEngine
+) -> None:
+    engine.add_turns({"completion": harmony(("final", "STORED-ANSWER"))})
+    stored = client.responses.create(model=MODEL, input="one")
+    engine.add_turns({"completion": harmony(("final", "UNSTORED-ANSWER"))})
+    unstored = client.responses.create(model=MODEL, input=[_ref(stored.output[0].id)], store=False)
+    assert "STORED-ANSWER" in _decode(engine.prompts[-1])
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.responses.create(model=MODEL, input=[_ref(unstored.output[0].id)])
+    assert caught.value.body["param"] == "input[0].id"  # type: ignore[index]
+    assert f"No item found with id '{unstored.output[0].id}'" in caught.value.body["message"]  # type: ignore[index]
+
+
+def test_a_missing_reference_is_a_400_naming_it(client: OpenAI) -> None:
+    for missing in ("msg_" + "0" * 48, "rs_nothing"):
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.responses.create(model=MODEL, input=[{"role": "user", "content": "x"}, _ref(missing)])
+        error: Any = caught.value.body
+        assert error["param"] == "input[1].id"
+        assert error["message"] == f"No item found with id '{missing}'"
