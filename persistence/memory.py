@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from persistence.conversations import MemoryConversations
 from persistence.errors import ConcurrencyError, NotFound, StoreError
 from persistence.health import StoreHealth
 from persistence.lifecycle import (
@@ -98,6 +99,8 @@ class MemoryStore:
         self._owners: dict[str, str | None] = {}
         self._tokens: dict[str, list[int]] = {}
         self._replica: tuple[Replica, float] | None = None
+        #: Conversations and their item logs (``persistence.conversations``).
+        self.conversations = MemoryConversations()
 
     async def create_response(self, new: NewResponse) -> None:
         await self.submit_create(new)
