@@ -287,3 +287,35 @@ def test_a_failed_response_appends_nothing(
     assert events[-1]["type"] == "response.completed"
     assert events[-1]["response"]["conversation"] == {"id": conversation.id}
     assert events[0]["response"]["conversation"] == {"id": conversation.id}
+
+
+def test_store_false_and_encrypted_reasoning(client: OpenAI, engine: ScriptedEngine) -> None:
+    """A ``store=false`` response still appends its turn (the conversation is stored);
+    ``include=reasoning.encrypted_content`` seals reasoning items, and the sealed item is
+    accepted back (a tampered one is a 400 naming it)."""
+    conversation = client.conversations.create()
+    engine.add_turns({"completion": harmony(("analysis", "Think of 7."), ("final", "Seven."))})
+    response = client.responses.create(
+        model=MODEL, input="A number?", conversation=conversation.id, store=False
+    )
+    assert response.output_text == "Seven."
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(response.id)
+    listed = client.conversations.items.list(
+        conversation.id, order="asc", include=["reasoning.encrypted_content"]
+    )
+    reasoning = next(i for i in listed.data if i.type == "reasoning")
+    sealed = reasoning.encrypted_content  # type: ignore[union-attr]
+    assert sealed and "Think of 7." not in sealed
+    plain = client.conversations.items.retrieve(reasoning.id, conversation_id=conversation.id)
+    assert plain.encrypted_content is None  # type: ignore[union-attr]
+    other = client.conversations.create()
+    item = {"type": "reasoning", "summary": [], "encrypted_content": sealed}
+    client.conversations.items.create(other.id, items=[item])  # type: ignore[list-item]
+    engine.add_turns({"completion": harmony(("final", "Ok."))})
+    client.responses.create(model=MODEL, input="And?", conversation=other.id)
+    assert "Think of 7." in _prompt(engine)  # decrypted: the sealed reasoning reached the model
+    tampered = {**item, "encrypted_content": sealed[:-4] + "AAAA"}
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.conversations.items.create(other.id, items=[tampered])  # type: ignore[list-item]
+    assert caught.value.body["param"] == "items[0].encrypted_content"  # type: ignore[index]
