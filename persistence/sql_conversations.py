@@ -8,10 +8,11 @@ conversation (its project, not deleted), takes its write lock (SQLite: the datab
 is the transaction's first statement; PostgreSQL: the row's) and hands the append its seqs, so
 two appends to one conversation serialise and can never take the same seq.
 
-Reads of the items a conversation holds now are one indexed range scan of its log
-(``(conversation_id, seq)``) with an anti-join on its ``deleted`` entries
-(``(conversation_id, item_id, kind)``): their cost depends on the conversation, not on how many
-responses or conversations the database holds.
+The history a response is given (``items``) is one round trip: the conversation's row joined to
+its whole log, one range scan of the log's key ``(conversation_id, seq)``, the deletions applied
+in Python. A page of items (``list_items``, ``get_item``) probes the ``deleted`` entries through
+the ``(conversation_id, item_id, kind)`` index instead. Either costs what the conversation
+holds, not how many responses or conversations the database holds.
 """
 
 from __future__ import annotations
@@ -203,17 +204,27 @@ class SqlConversations:
         )
 
     async def items(self, conversation_id: str, project: str) -> list[JsonObject]:
+        """One round trip: the conversation's row (is it the caller's, and not deleted?) joined
+        to its whole log, one range scan of the log's key; the deletions are applied here
+        rather than probed for item by item (that anti-join cost ~1 ms per 100 items on
+        PostgreSQL)."""
         self._check_open()
         if not _possible_id(conversation_id):
             raise NotFound(f"no conversation {conversation_id!r}")
+        log = conversation_items
+        query = (
+            select(log.c.kind, log.c.item_id, log.c.item)
+            .select_from(conversations)
+            .outerjoin(log, log.c.conversation_id == conversations.c.id)
+            .where(*_visible(conversation_id, project))
+            .order_by(log.c.seq)
+        )
         async with self._read() as conn:
-            await _check_visible(conn, conversation_id, project)
-            query = (
-                select(_added.c.item)
-                .where(_added.c.conversation_id == conversation_id, _LIVE)
-                .order_by(_added.c.seq)
-            )
-            return [dict(item) for item in (await conn.execute(query)).scalars()]
+            rows = (await conn.execute(query)).all()
+        if not rows:
+            raise NotFound(f"no conversation {conversation_id!r}")
+        gone = {item_id for kind, item_id, _ in rows if kind == DELETED}
+        return [dict(item) for kind, item_id, item in rows if kind == ADDED and item_id not in gone]
 
     async def list_items(
         self,
