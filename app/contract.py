@@ -127,8 +127,10 @@ PARAMETERS: tuple[Parameter, ...] = (
     ),
     Parameter(
         "conversation",
-        "refused",
-        "The Conversations API is not served; chain turns with `previous_response_id`.",
+        "honoured",
+        "A conversation id or `{\"id\": ...}` (`/v1/conversations`): its items are the history, "
+        "and the response's input and output items are appended when it ends `completed` or "
+        "`incomplete`; with `previous_response_id` it is a 400.",
     ),
     Parameter(
         "image", "hint", "Image options; gpt-oss reads text only (images become placeholders)."
@@ -257,8 +259,8 @@ _BY_NAME = {p.name: p for p in PARAMETERS}
 
 #: Every field of OpenAI's ``Response`` object (the SDK 3.57 model). Every Response the server
 #: returns carries each of them, from ``response.created`` on: null until it is known (like
-#: ``completed_at``), or for good where the server has nothing to say (``conversation``,
-#: ``prompt``, ``tool_usage``, ...).
+#: ``completed_at``), or for good where the server has nothing to say (``prompt``,
+#: ``tool_usage``, ...; ``conversation`` when none is named).
 RESPONSE_FIELDS = (
     "id",
     "access_programs",

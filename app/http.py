@@ -21,6 +21,7 @@ from starlette.routing import Route
 from app import input_tokens, transport
 from app.body import json_body
 from app.contract import check_request
+from app.conversation_routes import routes as conversation_routes
 from app.errors import APIError, guard, not_found
 from app.limits import take_stream
 from app.live import Run
@@ -319,6 +320,7 @@ routes = [
     Route("/v1/responses/{response_id}/cancel", guard(scoped(cancel_response)), methods=["POST"]),
     Route("/v1/responses/{response_id}/input_items", guard(scoped(list_input_items)), methods=["GET"]),
     Route("/v1/responses/{response_id}/events", guard(scoped(list_events, audit=True)), methods=["GET"]),
+    *conversation_routes,  # /v1/conversations (app.conversation_routes)
     Route("/v1/models", guard(list_models), methods=["GET"]),
     Route("/health", guard(health), methods=["GET"]),
     Route("/health/live", guard(live), methods=["GET"]),

@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from app.contract import check_request
+from app.conversations import conversation_param
 from app.errors import APIError
 from app.service import ResponseService
 from app.wire import CreateResponse
@@ -63,7 +64,8 @@ async def count(service: ResponseService, body: dict[str, Any], *, project: str)
     model = fields.get("model") or service.model_names()[0]
     request = CreateResponse.model_validate({**fields, "model": model, "store": False})
     service.resolve_model(request.model)
-    _, rendered, _ = await service.prompt(request, project)
+    conversation = conversation_param(getattr(request, "conversation", None), request.previous_response_id)
+    _, rendered, _ = await service.prompt(request, project, conversation)
     prompt_len = len(rendered.token_ids)
     service._sampling(request, rendered, prompt_len)  # create's last checks: context window, text.format
     return {"object": "response.input_tokens", "input_tokens": prompt_len}

@@ -30,6 +30,7 @@ from openai_harmony import HarmonyEncoding
 from app import constraints, item_refs, offload
 from app.chunked_render import ChunkedEncoding, is_panic, text_size_over
 from app.contract import UNSET_FIELDS
+from app.conversations import Conversations, ConversationTurn, conversation_param
 from app.drain import Drain
 from app.engines.protocol import Engine, EngineChunk, EngineError, PromptTooLong, Sampling
 from app.errors import APIError, not_found
@@ -182,6 +183,8 @@ class ResponseService:
         #: The followers' reads of logs written elsewhere, batched (``app.tails``).
         self.tails = TailReads(store)
         self._replicas_task: asyncio.Task[None] | None = None
+        #: The Conversations API, and the history and turns of responses naming one.
+        self.conversations = Conversations(store, encoding, cipher, new_id=new_id, normalize=normalize_input)
 
     # -- models ----------------------------------------------------------------------------------
 
@@ -238,9 +241,10 @@ class ResponseService:
             raise APIError(
                 400, "background responses require store=true.", param="background", code="invalid_value"
             )
-        if request.store or request.previous_response_id:
+        conversation = conversation_param(getattr(request, "conversation", None), request.previous_response_id)
+        if request.store or request.previous_response_id or conversation:
             self.check_writable()  # a store=false response without history needs no database
-        input_items, rendered, truncated = await self.prompt(request, project)
+        input_items, rendered, truncated = await self.prompt(request, project, conversation)
         prompt_ids = rendered.token_ids
         sampling = self._sampling(request, rendered, len(prompt_ids))
 
@@ -253,6 +257,8 @@ class ResponseService:
             engine_request_id=response_id,
         )
         skeleton = self._skeleton(request, response_id, created_at, model)
+        if conversation:
+            skeleton["conversation"] = {"id": conversation}
         if request.store:
             # Not awaited: the response row is queued for group commit and the first events
             # follow it into the same commit, so the first token waits for one fsync, not two.
@@ -295,6 +301,7 @@ class ResponseService:
                 forced_call=spec.forced_call,
                 skeleton=skeleton,
                 generation=spec.to_json() | truncation_audit(truncated),
+                turn=ConversationTurn(conversation, project, input_items) if conversation else None,
             ),
         )
         return run
@@ -309,15 +316,17 @@ class ResponseService:
         task.add_done_callback(self._tasks.discard)
 
     async def prompt(
-        self, request: CreateResponse, project: str
+        self, request: CreateResponse, project: str, conversation: str | None = None
     ) -> tuple[list[dict[str, Any]], RenderedPrompt, Truncated[RenderedPrompt] | None]:
         """The request's input items (normalised) and its prompt, rendered with its
-        ``previous_response_id`` chain and its item references (``app.item_refs``), and what
-        ``truncation: "auto"`` dropped: what ``create`` generates from, and what
-        ``app.input_tokens`` counts."""
+        ``previous_response_id`` chain or its ``conversation``'s items, and its item references
+        (``app.item_refs``), and what ``truncation: "auto"`` dropped: what ``create`` generates
+        from, and what ``app.input_tokens`` counts."""
         history: list[dict[str, Any]] = []
         if request.previous_response_id:
             history = await self._history(request.previous_response_id, project)
+        elif conversation:
+            history = await self.conversations.history(conversation, project)
         input_items = normalize_input(request.input)
         references = await item_refs.resolve(self.store, project, [*history, *input_items])
         rendered, truncated = await self._render(request, history, input_items, references)
@@ -464,12 +473,15 @@ class ResponseService:
         skeleton: dict[str, Any] | None = None,
         generation: dict[str, Any] | None = None,
         resumed: Resumed | None = None,
+        turn: ConversationTurn | None = None,
     ) -> None:
         """``forced_call``: ``tool_choice`` was ``required`` or named, so a turn that ends without
         calling a tool is not accepted as an answer: it ends ``failed`` (its text is kept).
         ``generation``: how to continue it (``app.takeover``), kept with the prompt's audit record.
         ``resumed``: a takeover going on with an existing log (``app.takeover``): its builder and
         decoder are where the log ended, and the engine continues after the logged tokens.
+        ``turn``: the conversation the response names; its turn is appended before the terminal
+        event is written (``app.conversations``).
 
         While the database is failing, generation pauses whenever this response has events
         waiting for a commit (the store retries it); if the store gives up, the run ends with
@@ -581,6 +593,8 @@ class ResponseService:
             final = builder.finish(
                 status, usage=usage, completed_at=_now(), error=error, incomplete_reason=reason
             )
+            if turn is not None:
+                await self.conversations.record(turn, run.id, final)
             writer.push(builder.take())
             # Queued right behind the terminal events, in the same turn, so both share one
             # commit; never before them (a crash cannot leave an audit "finish" for a log that

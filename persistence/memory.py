@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from persistence.conversations import MemoryConversations
 from persistence.errors import ConcurrencyError, NotFound, StoreError
 from persistence.health import StoreHealth
 from persistence.item_index import IndexRow, LocatedItem, input_rows, output_row
@@ -101,6 +102,8 @@ class MemoryStore:
         self._replica: tuple[Replica, float] | None = None
         #: ``item_index``: item id -> where it is (rows in the order they were written)
         self._index: dict[str, list[IndexRow]] = {}
+        #: Conversations and their item logs (``persistence.conversations``).
+        self.conversations = MemoryConversations()
 
     async def create_response(self, new: NewResponse) -> None:
         await self.submit_create(new)

@@ -5,6 +5,11 @@ response with the columns an operator filters on, updated in the same transactio
 lifecycle events that move it. Views (created by the migrations, not declared here) answer the
 common questions; see ``persistence/COOKBOOK.md``.
 
+Conversations (migration 0006) are logs too: ``conversations`` holds one row per conversation
+(its project, metadata, and ``next_seq``, the length of its log), ``conversation_items`` its
+append-only log of items: an ``added`` entry per item, and a ``deleted`` entry when one is
+deleted (the item stays in the log; the views and reads leave it out from then on).
+
 Storage choices:
 
 - ``response_events`` is keyed by ``(response_id, seq)``: the key both orders a log and makes
@@ -39,6 +44,8 @@ from sqlalchemy.dialects.postgresql import JSONB
 __all__ = [
     "DIALECTS",
     "api_keys",
+    "conversation_items",
+    "conversations",
     "item_index",
     "metadata",
     "replicas",
@@ -213,4 +220,44 @@ api_keys = Table(
     Column("max_streams", Integer),
     Column("requests_per_minute", Integer),
     Index(None, "project"),
+)
+
+#: One row per conversation (``app.conversations``). ``next_seq`` is the length of its item log:
+#: every append bumps it first, in the append's own transaction, which both takes the
+#: conversation's write lock and hands the append its seqs. A deleted conversation keeps its
+#: row and its log (``deleted_at`` set); the API answers 404 for it from then on.
+conversations = Table(
+    "conversations",
+    metadata,
+    Column("id", Text, primary_key=True),
+    Column("project", Text, nullable=False),
+    Column("created_at", BigInteger, nullable=False),
+    Column("metadata", _Json, nullable=False),
+    Column("next_seq", Integer, nullable=False, server_default="0"),
+    Column("deleted_at", Double),
+    Index(None, "project", "created_at"),
+)
+
+#: The append-only log of a conversation's items: ``kind`` ``added`` (``item`` is the item as
+#: listed) or ``deleted`` (``item`` NULL: the item of that ``item_id`` is gone from the
+#: conversation from this entry on). ``response_id``: the response whose turn appended it
+#: (NULL: added through the items API). An item id is added at most once and deleted at most
+#: once per conversation (the unique index).
+conversation_items = Table(
+    "conversation_items",
+    metadata,
+    Column(
+        "conversation_id",
+        Text,
+        ForeignKey("conversations.id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    Column("seq", Integer, primary_key=True, autoincrement=False),
+    Column("kind", Text, nullable=False),
+    Column("item_id", Text, nullable=False),
+    Column("item", _Json),
+    Column("response_id", Text),
+    Column("recorded_at", Double, nullable=False),
+    Index(None, "conversation_id", "item_id", "kind", unique=True),
+    sqlite_with_rowid=False,
 )

@@ -56,6 +56,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from persistence.conversations import ConversationStore
 from persistence.database import (
     Synchronous,
     async_url,
@@ -356,6 +357,13 @@ class SqlStore:
     @property
     def stats(self) -> CommitStats:
         return self._stats
+
+    @functools.cached_property
+    def conversations(self) -> ConversationStore:
+        """Conversations and their item logs (``persistence.sql_conversations``)."""
+        from persistence.sql_conversations import SqlConversations  # it imports this module
+
+        return SqlConversations(self._writer, self._read, clock=self._clock, check_open=self._check_open)
 
     # -- writes -------------------------------------------------------------------------
 

@@ -42,6 +42,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Literal, Protocol
 
+from persistence.conversations import ConversationStore
 from persistence.health import StoreHealth
 from persistence.item_index import LocatedItem
 from persistence.lifecycle import TERMINAL_EVENT_TYPES
@@ -108,6 +109,11 @@ def then(future: asyncio.Future[None], done: Done) -> None:
 class EventStore(Protocol):
     #: Whether writes work now; every commit and ``probe`` updates it (``persistence.health``).
     health: StoreHealth
+
+    @property
+    def conversations(self) -> ConversationStore:
+        """Conversations and their item logs (``persistence.conversations``)."""
+        ...
 
     async def probe(self) -> None:
         """Try a real write and record the outcome in ``health`` (raises nothing for an

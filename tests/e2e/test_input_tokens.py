@@ -54,6 +54,16 @@ def test_the_count_is_the_prompt_create_sends(client: OpenAI, engine: ScriptedEn
         assert counted.input_tokens == len(engine.prompts[-1]) == created.usage.input_tokens  # type: ignore[union-attr]
 
 
+def test_a_conversation_is_counted_with_its_history(client: OpenAI, engine: ScriptedEngine) -> None:
+    conversation = client.conversations.create(items=[{"role": "user", "content": "Earlier words " * 20}])
+    alone = client.responses.input_tokens.count(model=MODEL, input="Now?")
+    counted = client.responses.input_tokens.count(model=MODEL, input="Now?", conversation=conversation.id)
+    engine.add_turns({"completion": harmony(("final", "ok"))})
+    created = client.responses.create(model=MODEL, input="Now?", conversation=conversation.id)
+    assert counted.input_tokens == len(engine.prompts[-1]) == created.usage.input_tokens  # type: ignore[union-attr]
+    assert counted.input_tokens > alone.input_tokens + 20  # the history is in the count
+
+
 def test_nothing_is_stored(client: OpenAI) -> None:
     item = {"id": "msg_counted_only", "type": "message", "role": "user", "content": "count me"}
     counted = client.responses.input_tokens.count(model=MODEL, input=[item])  # type: ignore[list-item]

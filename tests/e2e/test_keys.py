@@ -318,3 +318,46 @@ def test_concurrent_streams_limit(ledger: Ledger) -> None:
                 pass
         again = http.post("/v1/responses", json={**body, "input": "after"})
         assert again.status_code == 200, again.text
+
+
+def test_a_conversation_is_its_projects_alone(ledger: Ledger) -> None:
+    """Another project's conversation (an admin's included) answers exactly what a missing one
+    does, on every route and as a response's ``conversation``."""
+    user = {"type": "message", "role": "user", "content": "secret"}
+    r = ledger.call("POST", "/v1/conversations", "alpha", json={"items": [user]})
+    assert r.status_code == 200, r.text
+    conv = r.json()["id"]
+    item = ledger.call("GET", f"/v1/conversations/{conv}/items", "alpha").json()["data"][0]["id"]
+    assert ledger.call("POST", "/v1/conversations", None, json={}).status_code == 401
+
+    def answers(who: str, ident: str) -> list[tuple[int, Any]]:
+        calls = [
+            ("GET", f"/v1/conversations/{ident}", {}),
+            ("POST", f"/v1/conversations/{ident}", {"json": {"metadata": {"k": "v"}}}),
+            ("GET", f"/v1/conversations/{ident}/items", {}),
+            ("POST", f"/v1/conversations/{ident}/items", {"json": {"items": [user]}}),
+            ("GET", f"/v1/conversations/{ident}/items/{item}", {}),
+            ("DELETE", f"/v1/conversations/{ident}/items/{item}", {}),
+            ("DELETE", f"/v1/conversations/{ident}", {}),
+            (
+                "POST",
+                "/v1/responses",
+                {"json": {"model": MODEL, "input": "x", "conversation": ident}},
+            ),
+        ]
+        out = []
+        for method, path, kwargs in calls:
+            response = ledger.call(method, path, who, **kwargs)
+            body = response.json()
+            body["error"]["message"] = body["error"]["message"].replace(ident, "ID")
+            out.append((response.status_code, body))
+        return out
+
+    missing = answers("beta", "conv_" + "0" * 48)
+    assert {status for status, _ in missing} == {404}
+    assert answers("beta", conv) == missing
+    assert answers("admin", conv) == missing
+    # and alpha's conversation is untouched
+    items = ledger.call("GET", f"/v1/conversations/{conv}/items", "alpha").json()["data"]
+    assert [i["content"][0]["text"] for i in items] == ["secret"]
+    assert ledger.call("GET", f"/v1/conversations/{conv}", "alpha").json()["metadata"] == {}

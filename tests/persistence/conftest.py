@@ -18,7 +18,10 @@ import pytest
 from persistence.migrate import upgrade_async
 from tests.support.postgres import fresh_database, unavailable
 
-_TABLES = "responses, response_events, response_input_items, response_audit, server_secrets, replicas"
+_TABLES = (
+    "responses, response_events, response_input_items, response_audit, server_secrets, replicas, "
+    "conversations, conversation_items"
+)
 
 
 @pytest.fixture(scope="session")

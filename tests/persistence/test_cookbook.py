@@ -10,7 +10,8 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from persistence.sql import open_store
+from persistence.conversations import ConversationRow
+from persistence.sql import SqlStore, open_store
 from tests.persistence.factories import fabricate_conversation
 
 _COOKBOOK = Path(__file__).resolve().parents[2] / "persistence" / "COOKBOOK.md"
@@ -33,6 +34,7 @@ async def test_every_cookbook_query_runs(sql_url: str) -> None:
     store = await open_store(sql_url, migrate=False)
     try:
         conversation = await fabricate_conversation(store)
+        await _fabricate_conversation_items(store, conversation.r2)
     finally:
         await store.close()
     dialect = "sqlite3" if sql_url.startswith("sqlite") else "psql"
@@ -57,7 +59,30 @@ async def test_every_cookbook_query_runs(sql_url: str) -> None:
     for query, rows in zip(queries, results, strict=True):
         if (conversation.r2 in query and "function_calls" not in query) or "item_index" in query:
             assert rows, f"no rows for:\n{query}"
+        if "conv_abc123" in query or "FROM conversations" in query:
+            assert rows, f"no rows for:\n{query}"
     assert [tuple(r) for r in results[0]] == [("completed", "It is 21 °C in Paris.")]
+
+
+async def _fabricate_conversation_items(store: SqlStore, response_id: str) -> None:
+    """``conv_abc123``: a user message, the turn of ``response_id``, and one deletion."""
+
+    def message(ident: str, role: str, text: str) -> dict[str, object]:
+        part = "output_text" if role == "assistant" else "input_text"
+        content = [{"type": part, "text": text}]
+        return {
+            "type": "message",
+            "id": ident,
+            "role": role,
+            "status": "completed",
+            "content": content,
+        }
+
+    row = ConversationRow("conv_abc123", "default", 100, {"topic": "weather"})
+    await store.conversations.create(row, [message("msg_c1", "user", "Hello")])
+    turn = [message("msg_c2", "user", "Weather?"), message("msg_c3", "assistant", "Sunny.")]
+    await store.conversations.append(row.id, row.project, turn, response_id=response_id)
+    await store.conversations.delete_item(row.id, row.project, "msg_c1")
 
 
 @pytest.mark.parametrize("dialect", ["sqlite3", "psql"])

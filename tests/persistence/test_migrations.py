@@ -27,18 +27,26 @@ _TABLES = {
     "response_input_items",
     "response_audit",
     "server_secrets",
-    "api_keys", "replicas", "item_index"}
+    "api_keys", "replicas", "item_index",
+    "conversations",
+    "conversation_items",
+}
 _VIEWS = {
     "response_timeline",
     "response_text",
     "response_output_items",
     "function_calls",
     "conversation_chains",
+    "conversation_timeline",
+    "conversation_current_items",
 }
 _TRIGGERS_SQLITE = {
     "response_events_no_update",
     "response_events_no_delete",
     "responses_delete_cascade",
+    "conversation_items_no_update",
+    "conversation_items_no_delete",
+    "conversations_delete_cascade",
 }
 
 
@@ -105,7 +113,9 @@ async def test_upgrade_check_downgrade_upgrade(empty_url: str) -> None:
     assert objects["table"] == _TABLES | {"alembic_version"}
     assert objects["view"] == _VIEWS
     assert objects["trigger"] >= (
-        _TRIGGERS_SQLITE if empty_url.startswith("sqlite") else {"response_events_append_only"}
+        _TRIGGERS_SQLITE
+        if empty_url.startswith("sqlite")
+        else {"response_events_append_only", "conversation_items_append_only"}
     )
 
     await migrate.upgrade_async(empty_url)  # idempotent at head
