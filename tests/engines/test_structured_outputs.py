@@ -23,14 +23,13 @@ import jsonschema
 import lark
 import pytest
 import pytest_asyncio
-import uvicorn
 from openai import AsyncOpenAI
 from pydantic import BaseModel, Field
 
 from app.engines.vllm import VllmEngine
 from app.main import create_app
 from app.settings import Settings
-from tests.support.server import free_port
+from tests.support.server import serve_in_loop
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 MODEL = "gpt-oss-tiny"
@@ -96,20 +95,10 @@ async def base_url(vllm_engine: VllmEngine, tmp_path_factory: pytest.TempPathFac
     assert vllm_engine.constrains, "the tiny model directory has the o200k_harmony tokenizer"
     saved = dict(vllm_engine.logit_bias)
     vllm_engine.logit_bias[END] = END_BIAS
-    port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(settings, engine=vllm_engine), host="127.0.0.1", port=port, log_level="warning")
-    )
-    task = asyncio.create_task(server.serve())
-    while not server.started:
-        if task.done():
-            task.result()
-        await asyncio.sleep(0.05)
     try:
-        yield f"http://127.0.0.1:{port}"
+        async with serve_in_loop(create_app(settings, engine=vllm_engine)) as url:
+            yield url
     finally:
-        server.should_exit = True
-        await task
         vllm_engine.logit_bias.clear()
         vllm_engine.logit_bias.update(saved)
 

@@ -18,14 +18,13 @@ from typing import Any
 import httpx
 import pytest
 import pytest_asyncio
-import uvicorn
 from openai import AsyncOpenAI
 
 from app.engines.vllm import VllmEngine
 from app.main import create_app
 from app.settings import Settings
 from tests.e2e.conftest import sse_events
-from tests.support.server import free_port
+from tests.support.server import serve_in_loop
 from tests.support.stream_checker import check_stream
 
 pytestmark = pytest.mark.vllm
@@ -36,19 +35,8 @@ MODEL = "gpt-oss-tiny"
 async def base_url(vllm_engine: VllmEngine, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[str]:
     db: Path = tmp_path_factory.mktemp("vllm-ledger") / "responses.db"
     settings = Settings(engine="vllm", database_url=f"sqlite+aiosqlite:///{db}", served_model_names=(MODEL,))
-    port = free_port()
-    app = create_app(settings, engine=vllm_engine)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    task = asyncio.create_task(server.serve())
-    while not server.started:
-        if task.done():
-            task.result()
-        await asyncio.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        await task
+    async with serve_in_loop(create_app(settings, engine=vllm_engine)) as url:
+        yield url
 
 
 @pytest_asyncio.fixture(loop_scope="session")

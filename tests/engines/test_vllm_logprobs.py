@@ -11,7 +11,6 @@ so what the client gets are the model's own numbers for the tokens it sampled.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import math
 from collections.abc import AsyncIterator, Sequence
@@ -21,7 +20,6 @@ from typing import Any
 import httpx
 import pytest
 import pytest_asyncio
-import uvicorn
 from openai import AsyncOpenAI
 from openai.types.responses import ResponseIncludable
 
@@ -32,7 +30,7 @@ from app.main import create_app
 from app.settings import Settings
 from domain.decoder import FIRST_SPECIAL
 from tests.e2e.conftest import sse_events
-from tests.support.server import free_port
+from tests.support.server import serve_in_loop
 from tests.support.stream_checker import check_stream
 
 pytestmark = pytest.mark.vllm
@@ -102,19 +100,9 @@ class FinalChannel:
 async def base_url(vllm_engine: VllmEngine, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[str]:
     db: Path = tmp_path_factory.mktemp("vllm-logprobs") / "responses.db"
     settings = Settings(engine="vllm", database_url=f"sqlite+aiosqlite:///{db}", served_model_names=(MODEL,))
-    port = free_port()
     app = create_app(settings, engine=FinalChannel(vllm_engine))  # type: ignore[arg-type]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    task = asyncio.create_task(server.serve())
-    while not server.started:
-        if task.done():
-            task.result()
-        await asyncio.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        await task
+    async with serve_in_loop(app) as url:
+        yield url
 
 
 @pytest_asyncio.fixture(loop_scope="session")

@@ -6,11 +6,12 @@ ordering) is tested over a real socket.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,3 +58,21 @@ def serve(settings: Settings, **app_kwargs: Any) -> Iterator[RunningServer]:
     finally:
         server.should_exit = True
         thread.join(timeout=30)
+
+
+@contextlib.asynccontextmanager
+async def serve_in_loop(app: Any) -> AsyncIterator[str]:
+    """``app`` served by uvicorn on a free loopback port in the running event loop (where a
+    session-scoped engine such as vLLM's lives); yields the base URL."""
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        if task.done():
+            task.result()
+        await asyncio.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await task
