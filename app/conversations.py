@@ -39,6 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from app.contract import INCLUDES
 from app.errors import APIError, not_found
 from app.reasoning_crypto import ReasoningCipher
+from app.wire import check_metadata, list_page
 from domain.errors import InvalidInput
 from domain.projections import output_as_input
 from domain.prompt import PromptRequest, render_prompt
@@ -66,29 +67,19 @@ MAX_ITEMS = 20
 _APPENDED = frozenset({"completed", "incomplete"})
 
 
-def _check_metadata(value: dict[str, str] | None) -> dict[str, str] | None:
-    if value is not None:
-        if len(value) > 16:
-            raise ValueError("at most 16 metadata keys")
-        for key, item in value.items():
-            if len(key) > 64 or len(item) > 512:
-                raise ValueError("metadata keys are at most 64 and values at most 512 characters")
-    return value
-
-
 class CreateConversation(BaseModel):
     model_config = ConfigDict(extra="forbid")
     items: list[dict[str, Any]] | None = Field(default=None, max_length=MAX_ITEMS)
     metadata: dict[str, str] | None = None
 
-    _metadata = field_validator("metadata")(_check_metadata)
+    _metadata = field_validator("metadata")(check_metadata)
 
 
 class UpdateConversation(BaseModel):
     model_config = ConfigDict(extra="forbid")
     metadata: dict[str, str]
 
-    _metadata = field_validator("metadata")(_check_metadata)
+    _metadata = field_validator("metadata")(check_metadata)
 
 
 class NewItems(BaseModel):
@@ -189,7 +180,7 @@ class Conversations:
                 param=f"items[{position}].id",
                 code="invalid_value",
             ) from None
-        return _page([self._included(item, include) for item in items], has_more=False)
+        return list_page([self._included(item, include) for item in items], has_more=False)
 
     async def list_items(
         self,
@@ -216,7 +207,7 @@ class Conversations:
                 f"No item with id '{after}' in conversation '{conversation_id}'.",
                 param="after",
             ) from None
-        return _page([self._included(item, include) for item in items], has_more=more)
+        return list_page([self._included(item, include) for item in items], has_more=more)
 
     async def get_item(
         self, conversation_id: str, item_id: str, project: str, *, include: Sequence[str] = ()
@@ -365,14 +356,4 @@ def _conversation(row: ConversationRow) -> dict[str, Any]:
         "object": "conversation",
         "created_at": row.created_at,
         "metadata": row.metadata,
-    }
-
-
-def _page(items: list[dict[str, Any]], *, has_more: bool) -> dict[str, Any]:
-    return {
-        "object": "list",
-        "data": items,
-        "first_id": items[0]["id"] if items else None,
-        "last_id": items[-1]["id"] if items else None,
-        "has_more": has_more,
     }

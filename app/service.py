@@ -52,7 +52,7 @@ from app.repair import STORE_UNAVAILABLE, Repairs, store_unavailable_error
 from app.settings import Settings
 from app.tails import TailReads
 from app.takeover import TAKEOVER_FAILED, GenerationSpec, Resumed, Takeovers
-from app.wire import CreateResponse
+from app.wire import CreateResponse, list_page
 from domain.builder import ResponseBuilder, TerminalStatus, Usage
 from domain.decoder import DecodeResult, HarmonyDecoder
 from domain.events import TERMINAL_TYPES
@@ -882,13 +882,7 @@ class ResponseService:
         items, has_more = await self.store.list_input_items(
             response_id, after=after, limit=limit, order=order  # type: ignore[arg-type]
         )
-        return {
-            "object": "list",
-            "data": items,
-            "first_id": items[0]["id"] if items else None,
-            "last_id": items[-1]["id"] if items else None,
-            "has_more": has_more,
-        }
+        return list_page(items, has_more=has_more)
 
     # -- cancel, delete --------------------------------------------------------------------------
 

@@ -13,7 +13,29 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-__all__ = ["CreateResponse", "Reasoning"]
+__all__ = ["CreateResponse", "Reasoning", "check_metadata", "list_page"]
+
+
+def check_metadata(value: dict[str, str] | None) -> dict[str, str] | None:
+    """OpenAI's metadata limits (a pydantic validator: ValueError names what is wrong)."""
+    if value is not None:
+        if len(value) > 16:
+            raise ValueError("at most 16 metadata keys")
+        for key, item in value.items():
+            if len(key) > 64 or len(item) > 512:
+                raise ValueError("metadata keys are at most 64 and values at most 512 characters")
+    return value
+
+
+def list_page(items: list[dict[str, Any]], *, has_more: bool) -> dict[str, Any]:
+    """OpenAI's list object for one page of ``items`` (each with an ``id``)."""
+    return {
+        "object": "list",
+        "data": items,
+        "first_id": items[0]["id"] if items else None,
+        "last_id": items[-1]["id"] if items else None,
+        "has_more": has_more,
+    }
 
 
 class Reasoning(BaseModel):
@@ -57,16 +79,7 @@ class CreateResponse(BaseModel):
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
     seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1)  # a 64-bit seed
 
-    @field_validator("metadata")
-    @classmethod
-    def _metadata_limits(cls, value: dict[str, str] | None) -> dict[str, str] | None:
-        if value is not None:
-            if len(value) > 16:
-                raise ValueError("at most 16 metadata keys")
-            for key, item in value.items():
-                if len(key) > 64 or len(item) > 512:
-                    raise ValueError("metadata keys are at most 64 and values at most 512 characters")
-        return value
+    _metadata_limits = field_validator("metadata")(check_metadata)
 
     @field_validator("tools")
     @classmethod
