@@ -9,8 +9,8 @@ cannot compile is a 400 before generation naming its parameter (``tools[2].forma
 ``text.format.schema``), with llguidance's message; compiled pieces are remembered (Codex sends
 the same ``apply_patch`` grammar every turn).
 
-A custom tool whose grammar syntax is neither ``lark`` nor ``regex`` is refused whatever the
-engine (``tools[i].format.syntax``). Engines that cannot enforce (echo, scripted) get no grammar:
+A custom tool whose grammar syntax is neither ``lark`` nor ``regex`` is refused at the edge, whatever
+the engine (``app.contract``, ``tools[i].format.syntax``). Engines that cannot enforce (echo, scripted) get no grammar:
 the format and the tools' schemas still reach the model in the prompt, as gpt-oss was trained,
 and the README says so.
 """
@@ -18,43 +18,17 @@ and the README says so.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
+from app.contract import GRAMMAR_SYNTAXES
 from app.errors import APIError
 from domain.constraints import Piece, turn_grammar
 from domain.prompt import RenderedPrompt
 
-__all__ = ["check_tool_formats", "compile_error", "grammar_for"]
+__all__ = ["compile_error", "grammar_for"]
 
-_SYNTAXES = ("lark", "regex")
-
-
-def check_tool_formats(tools: Sequence[Mapping[str, Any]]) -> None:
-    """Refuse a custom tool grammar in a syntax no backend reads (400, whatever the engine)."""
-    for index, tool in enumerate(tools):
-        members = tool.get("tools") if tool.get("type") == "namespace" else None
-        entries = [(f"tools[{index}].tools[{j}]", m) for j, m in enumerate(members)] if isinstance(members, list) else []
-        for param, entry in [(f"tools[{index}]", tool), *entries]:
-            if not isinstance(entry, Mapping) or entry.get("type") != "custom":
-                continue
-            fmt = entry.get("format")
-            if isinstance(fmt, Mapping) and fmt.get("type") == "grammar":
-                if fmt.get("syntax") not in _SYNTAXES:
-                    raise APIError(
-                        400,
-                        f"Custom tool {entry.get('name')!r}: grammar syntax {fmt.get('syntax')!r} is not "
-                        "supported; use 'lark' or 'regex'.",
-                        param=f"{param}.format.syntax",
-                        code="invalid_value",
-                    )
-                if not isinstance(fmt.get("definition"), str) or not fmt["definition"].strip():
-                    raise APIError(
-                        400,
-                        f"Custom tool {entry.get('name')!r}: a grammar format needs a 'definition' string.",
-                        param=f"{param}.format.definition",
-                        code="invalid_value",
-                    )
+_SYNTAXES = GRAMMAR_SYNTAXES
 
 
 @functools.lru_cache(maxsize=512)

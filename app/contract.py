@@ -103,6 +103,8 @@ EFFORTS: Mapping[str, str] = {
 SERVICE_TIERS = ("auto", "default", "flex", "scale", "priority", "fast", "ultrafast")
 _VERBOSITIES = ("low", "medium", "high")
 _FORMAT_TYPES = ("text", "json_schema", "json_object")
+#: The syntaxes of a custom tool's grammar format.
+GRAMMAR_SYNTAXES = ("lark", "regex")
 _FORMAT_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 
 _NOT_SAMPLED = "the echo and scripted engines do not sample and ignore it"
@@ -366,6 +368,8 @@ def _check_tools(tools: Any) -> None:
 
 def _check_tool(tool: dict[str, Any], param: str, supported: str) -> None:
     kind = tool["type"]
+    if kind == "custom":
+        _check_custom_format(tool, param)
     if kind in SUPPORTED_TOOL_TYPES:
         return
     if kind in HOSTED_TOOL_TYPES:
@@ -466,6 +470,26 @@ def _check_text(text: Any) -> None:
             "text.format.description",
             "Invalid value for 'text.format.description': expected a string.",
             "invalid_type",
+        )
+
+
+def _check_custom_format(tool: dict[str, Any], param: str) -> None:
+    """A grammar format in a syntax a backend reads (``lark``, ``regex``) with a definition, on
+    every engine: ``app.constraints`` compiles it where the engine enforces it."""
+    fmt = tool.get("format")
+    if not isinstance(fmt, dict) or fmt.get("type") != "grammar":
+        return
+    if fmt.get("syntax") not in GRAMMAR_SYNTAXES:
+        raise _invalid(
+            f"{param}.format.syntax",
+            f"Custom tool {tool.get('name')!r}: grammar syntax {fmt.get('syntax')!r} is not "
+            "supported; use 'lark' or 'regex'.",
+        )
+    definition = fmt.get("definition")
+    if not isinstance(definition, str) or not definition.strip():
+        raise _invalid(
+            f"{param}.format.definition",
+            f"Custom tool {tool.get('name')!r}: a grammar format needs a 'definition' string.",
         )
 
 

@@ -367,7 +367,6 @@ class ResponseService:
 
         With ``truncation: "auto"``, a prompt that does not fit the context loses its oldest
         items (:mod:`domain.truncation`); what was dropped comes back with it."""
-        constraints.check_tool_formats(request.tools)
         effort = (request.reasoning.effort if request.reasoning else None) or self.settings.default_reasoning_effort
         prompt = PromptRequest(
             instructions=request.instructions,
