@@ -48,11 +48,9 @@ from app.audit_log import log_lines
 from app.errors import APIError, guard, handle_exception, not_found
 from app.keys import OPEN_CALLER, Caller, KeyRing
 from app.limits import CALLER, RELEASE
-from domain.events import TERMINAL_TYPES
-from domain.projections import fold, from_wire
 from persistence.errors import NotFound, StoreError
 from persistence.listing import ResponseQuery
-from persistence.records import ResponseRow, StoredEvent
+from persistence.records import ResponseRow
 
 __all__ = ["AuditGate", "routes"]
 
@@ -251,69 +249,95 @@ def _response_id(request: Request) -> str:
     return ident
 
 
-def timeline(timed: Sequence[tuple[StoredEvent, float]]) -> dict[str, Any]:
-    """What the page draws and states about a log's timing: one point per commit (the events
-    of a commit share its time), the time to the first token, the token rate, the pauses."""
-    if not timed:
+def timeline(times: Sequence[tuple[int, str, float]]) -> dict[str, Any]:
+    """What the page draws and states about a log's timing (``(seq, type, recorded_at)`` per
+    event): one point per commit (the events of a commit share its time), the time to the first
+    token, the token rate, the pauses."""
+    if not times:
         return {"events": 0, "batches": [], "pauses": [], "times": []}
-    start = timed[0][1]
-    batches: list[dict[str, float]] = []  # {"t": seconds since the first event, "first", "last"}
-    for event, at in timed:
+    start = times[0][2]
+    # commits as [t (seconds since the first event), first seq, last seq]
+    batches: list[list[Any]] = []
+    last_t = None
+    first_delta = last_delta = None
+    deltas = 0
+    offsets: list[float] = []
+    for seq, type_, at in times:
         t = at - start
-        if batches and batches[-1]["t"] == t:
-            batches[-1]["last"] = event.seq
+        offsets.append(round(t * 1000, 1))
+        if t == last_t:
+            batches[-1][2] = seq
         else:
-            batches.append({"t": t, "first": event.seq, "last": event.seq})
-    delta_times = [at - start for event, at in timed if event.type in _DELTAS]
-    duration = timed[-1][1] - start
-    gaps = [(b["t"] - a["t"], a, b) for a, b in itertools.pairwise(batches)]
+            batches.append([t, seq, seq])
+            last_t = t
+        if type_ in _DELTAS:
+            deltas += 1
+            if first_delta is None:
+                first_delta = t
+            last_delta = t
+    gaps = [(b[0] - a[0], a, b) for a, b in itertools.pairwise(batches)]
     threshold = PAUSE_MIN_S
     if len(gaps) >= 2:
         threshold = max(threshold, 10 * statistics.median(g for g, _, _ in gaps))
     pauses = [
-        {"from": a["t"], "to": b["t"], "seconds": gap, "after_seq": a["last"]}
+        {"from": a[0], "to": b[0], "seconds": gap, "after_seq": a[2]}
         for gap, a, b in gaps
         if gap >= threshold
     ]
     rate = None
-    if len(delta_times) >= 2 and delta_times[-1] > delta_times[0]:
-        rate = (len(delta_times) - 1) / (delta_times[-1] - delta_times[0])
-    sizes = [b["last"] - b["first"] + 1 for b in batches]
+    if deltas >= 2 and last_delta is not None and first_delta is not None and last_delta > first_delta:
+        rate = (deltas - 1) / (last_delta - first_delta)
+    sizes = [b[2] - b[1] + 1 for b in batches]
     return {
-        "events": len(timed),
-        "duration": duration,
-        "ttft": delta_times[0] if delta_times else None,
-        "deltas": len(delta_times),
+        "events": len(times),
+        "duration": times[-1][2] - start,
+        "ttft": first_delta,
+        "deltas": deltas,
         "rate": rate,
         "batches": batches,
         "batch_mean": sum(sizes) / len(sizes),
         "batch_max": max(sizes),
         "pauses": pauses,
         "threshold": threshold,
-        # per seq, milliseconds after the first event: the replay's schedule
-        "times": [round((at - start) * 1000, 1) for _, at in timed],
+        "times": offsets,  # per seq, milliseconds after the first event: the replay's schedule
     }
 
 
+#: Dots (one per commit, with its times on hover) up to this many commits; beyond, the line only.
+MAX_DOTS = 2000
+
+
 def svg_timeline(line: dict[str, Any], width: int = 900, height: int = 240) -> dict[str, Any]:
-    """Coordinates for the template's SVG: x is time, y is seq."""
+    """Coordinates for the template's SVG: x is time, y is seq. The line steps at each commit;
+    commits closer than half a pixel are drawn as one step (a 10,000-commit log is at most
+    about 3,600 points, whatever its length)."""
     batches = line["batches"]
     pad_l, pad_r, pad_t, pad_b = 56, 12, 12, 34
     inner_w, inner_h = width - pad_l - pad_r, height - pad_t - pad_b
     span = max(line.get("duration") or 0.0, 1e-3)
     top = max(line["events"] - 1, 1)
+    kx, ky = inner_w / span, inner_h / top
 
     def x(t: float) -> float:
-        return round(pad_l + inner_w * t / span, 1)
+        return round(pad_l + kx * t, 1)
 
-    def y(seq: float) -> float:
-        return round(pad_t + inner_h * (1 - seq / top), 1)
-
-    # a step per commit: the log stands still between commits, then jumps by the commit's events
     points: list[str] = []
-    for batch in batches:
-        points.append(f"{x(batch['t'])},{y(batch['first'])}")
-        points.append(f"{x(batch['t'])},{y(batch['last'])}")
+    bucket = None
+    low = high = 0
+    for t, first, last in batches:
+        here = int(t * kx * 2)
+        if here != bucket:
+            if bucket is not None:
+                points.append(f"{pad_l + bucket / 2:.1f},{pad_t + inner_h - ky * low:.1f} "
+                              f"{pad_l + bucket / 2:.1f},{pad_t + inner_h - ky * high:.1f}")
+            bucket, low = here, first
+        high = last
+    if bucket is not None:
+        points.append(f"{pad_l + bucket / 2:.1f},{pad_t + inner_h - ky * low:.1f} "
+                      f"{pad_l + bucket / 2:.1f},{pad_t + inner_h - ky * high:.1f}")
+    dots = []
+    if len(batches) <= MAX_DOTS:
+        dots = [(x(t), round(pad_t + inner_h - ky * last, 1), t, first, last) for t, first, last in batches]
     return {
         "width": width,
         "height": height,
@@ -322,7 +346,7 @@ def svg_timeline(line: dict[str, Any], width: int = 900, height: int = 240) -> d
         "top": pad_t,
         "bottom": height - pad_b,
         "points": " ".join(points),
-        "dots": [(x(b["t"]), y(b["last"]), b) for b in batches] if len(batches) <= 2000 else [],
+        "dots": dots,
         "ttft_x": x(line["ttft"]) if line.get("ttft") is not None else None,
         "pauses": [(x(p["from"]), x(p["to"]), p) for p in line["pauses"]],
         "span": span,
@@ -355,14 +379,10 @@ async def response_page(request: Request) -> Response:
     row: ResponseRow | None = await store.get(response_id)
     if row is None:
         raise not_found("Response", response_id)
-    timed = await store.load_timed(response_id)
-    events = [event for event, _ in timed]
-    if events and events[-1].type in TERMINAL_TYPES:
-        response: dict[str, Any] | None = dict(events[-1].payload["response"])
-    elif events:
-        response = fold(from_wire(e.type, e.seq, e.payload) for e in events)
-    else:
-        response = None
+    times = await store.load_times(response_id)
+    response: dict[str, Any] | None = None
+    if times:  # what GET /v1/responses/{id} returns (the terminal snapshot, or the fold)
+        response = await request.app.state.service.get(response_id)
     audit = await store.load_audit(response_id)
     prompt_ids = next((a.token_ids for a in audit if a.kind == "prompt_token_ids"), None)
     output_ids = next((a.token_ids for a in audit if a.kind == "output_token_ids"), None)
@@ -390,7 +410,7 @@ async def response_page(request: Request) -> Response:
         found, _ = await store.list_responses(ResponseQuery(conversation=conversation, limit=PAGE_SIZE))
         turns = sorted(found, key=lambda r: (r.created_at, r.id))
     inputs, _ = await store.list_input_items(response_id, after=None, limit=1000, order="asc")
-    line = timeline(timed)
+    line = timeline(times)
     return _render(
         "response.html",
         row=row,

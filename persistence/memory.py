@@ -235,9 +235,9 @@ class MemoryStore:
         end = None if limit is None else start + limit
         return [event.stored() for event in log[start:end]]
 
-    async def load_timed(self, response_id: str) -> list[tuple[StoredEvent, float]]:
+    async def load_times(self, response_id: str) -> list[tuple[int, str, float]]:
         self._check_open()
-        return [(e.stored(), e.recorded_at) for e in self._events.get(response_id, [])]
+        return [(e.seq, e.type, e.recorded_at) for e in self._events.get(response_id, [])]
 
     async def list_responses(self, query: ResponseQuery) -> tuple[list[ResponseRow], bool]:
         self._check_open()

@@ -905,20 +905,19 @@ class SqlStore:
             rows = await conn.execute(query)
             return [StoredEvent(seq, type_, None, text) for seq, type_, text in rows]
 
-    async def load_timed(self, response_id: str) -> list[tuple[StoredEvent, float]]:
-        """The whole log with each event's ``recorded_at`` (the time of the commit that made it
-        durable: events of one commit share it)."""
+    async def load_times(self, response_id: str) -> list[tuple[int, str, float]]:
+        """``(seq, type, recorded_at)`` of every event: when each commit made its events durable
+        (events of one commit share its time). No payloads: the audit page's timeline."""
         self._check_open()
         if not _possible_id(response_id):
             return []
         query = (
-            select(_e.c.seq, _e.c.type, cast(_e.c.payload, Text), _e.c.recorded_at)
+            select(_e.c.seq, _e.c.type, _e.c.recorded_at)
             .where(_e.c.response_id == response_id)
             .order_by(_e.c.seq)
         )
         async with self._read() as conn:
-            rows = await conn.execute(query)
-            return [(StoredEvent(seq, type_, None, text), at) for seq, type_, text, at in rows]
+            return [(seq, type_, at) for seq, type_, at in await conn.execute(query)]
 
     async def list_responses(self, query: ResponseQuery) -> tuple[list[ResponseRow], bool]:
         """A page of the responses ``query`` selects, newest first, and whether more follow."""

@@ -162,9 +162,9 @@ class EventStore(Protocol):
 
     async def get(self, response_id: str) -> ResponseRow | None: ...
 
-    async def load_timed(self, response_id: str) -> list[tuple[StoredEvent, float]]:
-        """The whole log, each event with the time (unix seconds) of the commit that made it
-        durable (the audit page's timeline)."""
+    async def load_times(self, response_id: str) -> list[tuple[int, str, float]]:
+        """``(seq, type, recorded_at)`` of every event of the log, in order: the time (unix
+        seconds) of the commit that made it durable (the audit page's timeline)."""
         ...
 
     async def list_responses(self, query: ResponseQuery) -> tuple[list[ResponseRow], bool]:

@@ -1,4 +1,4 @@
-"""``list_responses`` and ``load_timed`` (``persistence.listing``, the audit page's reads) against
+"""``list_responses`` and ``load_times`` (``persistence.listing``, the audit page's reads) against
 every backend: memory, SQLite, PostgreSQL."""
 
 from __future__ import annotations
@@ -110,17 +110,19 @@ async def test_the_chain_forward_and_a_conversations_turns(store: EventStore) ->
     assert await _ids(store, conversation="conv_none") == []
 
 
-async def test_load_timed_gives_each_event_its_commits_time(store: EventStore) -> None:
+async def test_load_times_gives_each_event_its_commits_time(store: EventStore) -> None:
     new = new_response()
     await store.create_response(new)
     before = time.time()
     await store.append(new.id, [created(new.id), delta(1)], 0)
     await store.append(new.id, [delta(2), completed(new.id, 3)], 2)
     after = time.time()
-    timed = await store.load_timed(new.id)
-    assert [e.seq for e, _ in timed] == [0, 1, 2, 3]
-    assert timed[0][0] == (await store.load(new.id))[0]
-    times = [t for _, t in timed]
+    timed = await store.load_times(new.id)
+    assert [(seq, type_) for seq, type_, _ in timed] == [
+        (e.seq, e.type) for e in await store.load(new.id)
+    ]
+    assert [seq for seq, _, _ in timed] == [0, 1, 2, 3]
+    times = [t for _, _, t in timed]
     assert times[0] == times[1] and times[2] == times[3]  # one commit, one time
     assert before - 1 <= times[0] <= times[2] <= after + 1
-    assert await store.load_timed("resp_missing") == []
+    assert await store.load_times("resp_missing") == []

@@ -69,8 +69,10 @@ def admin_client(ui_server: RunningServer) -> Iterator[OpenAI]:
         yield c
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def browser() -> Iterator[Any]:
+    """Chromium, per test: Playwright's sync API keeps an event loop running in this thread while
+    it is open, which the asyncio tests after it could not run beside."""
     if not Path(CHROMIUM).exists():
         pytest.skip(f"no Chromium at {CHROMIUM}: run scripts/install-chromium.sh (make setup-test)")
     from playwright.sync_api import sync_playwright
