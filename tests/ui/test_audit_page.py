@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -160,6 +161,12 @@ def test_an_admin_sees_every_project(
     with httpx.Client(base_url=ui_server.base_url, auth=("a", ADMIN_KEY), timeout=30) as http:
         listed = http.get("/ui", params={"project": "alpha"})
         assert made.id in listed.text
+        at = datetime.fromtimestamp(made.created_at, UTC).replace(tzinfo=None)
+        window = {"since": at.isoformat(), "until": (at + timedelta(seconds=1)).isoformat()}
+        assert made.id in http.get("/ui", params=window).text  # the page's UTC date-times
+        assert made.id not in http.get("/ui", params={"until": at.isoformat()}).text
+        assert made.id in http.get("/ui", params={"since": str(int(made.created_at))}).text
+        assert made.id not in http.get("/ui", params={"project": "default"}).text
         shown = http.get(f"/ui/responses/{made.id}")
         assert shown.status_code == 200 and "alpha&#39;s own" in shown.text
         stream = http.get(f"/ui/responses/{made.id}/stream", params={"stream": "true"})
