@@ -173,3 +173,23 @@ def test_an_admin_sees_every_project(
         assert stream.status_code == 200
         assert stream.text.rstrip().splitlines()[-2] == "event: response.completed"
 
+
+
+def test_the_list_pages_newest_first(
+    page: Any, admin_client: OpenAI, monkeypatch: Any
+) -> None:
+    monkeypatch.setattr("app.ui.PAGE_SIZE", 2)  # the server runs in this process
+    marker = f"paged-{time.monotonic_ns()}"
+    made = [admin_client.responses.create(model=MODEL, input=f"{marker} {i}") for i in range(3)]
+    newest_first = [r.id for r in sorted(made, key=lambda r: (r.created_at, r.id), reverse=True)]
+    page.goto(f"/ui?q={marker}")
+    ids = page.locator("#responses tbody tr").evaluate_all("rows => rows.map(r => r.dataset.id)")
+    page.click('a[rel="next"]')
+    page.wait_for_url(re.compile(r"page=2"))
+    older = page.locator("#responses tbody tr").evaluate_all("rows => rows.map(r => r.dataset.id)")
+    assert page.locator('a[rel="next"]').count() == 0
+    # newest first (created_at is in seconds: within one second, by id)
+    assert ids + older == newest_first
+    page.click('a[rel="prev"]')
+    page.wait_for_url(re.compile(r"page=1"))
+    assert page.locator("#responses tbody tr").count() == 2
