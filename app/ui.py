@@ -36,7 +36,7 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.requests import Request
@@ -394,7 +394,7 @@ async def response_page(request: Request) -> Response:
         prompt_text = request.app.state.service.encoding.decode(list(prompt_ids))
     try:
         chain = [link.row for link in await store.load_chain(response_id)][:-1]
-    except (NotFound, StoreError):  # an earlier response was deleted: show what is left
+    except NotFound:  # an earlier response was deleted: the page links to its id only
         chain = []
     later, _ = await store.list_responses(
         ResponseQuery(previous_response_id=response_id, limit=PAGE_SIZE)
@@ -431,7 +431,7 @@ async def response_page(request: Request) -> Response:
         conversation=conversation,
         turns=turns,
         replay={
-            "stream_url": f"/ui/responses/{response_id}/stream?stream=true&starting_after=-1",
+            "stream_url": f"/ui/responses/{quote(response_id, safe='')}/stream?stream=true&starting_after=-1",
             "times": line["times"],
         },
     )
@@ -452,11 +452,9 @@ async def log_download(request: Request) -> Response:
 
 
 async def resume_stream(request: Request) -> Response:
-    """The resume endpoint itself (``GET /v1/responses/{id}?stream=true``), for any project."""
-    from app.http import get_response  # app.http lists these routes
+    """The resume endpoint's handler (``GET /v1/responses/{id}?stream=true``), for any project."""
+    from app.http import get_response  # not at the top: app.http lists these routes
 
-    if await _store(request).get(_response_id(request)) is None:
-        raise not_found("Response", _response_id(request))
     return await get_response(request)
 
 

@@ -193,3 +193,16 @@ def test_the_list_pages_newest_first(
     page.click('a[rel="prev"]')
     page.wait_for_url(re.compile(r"page=1"))
     assert page.locator("#responses tbody tr").count() == 2
+
+
+def test_a_response_whose_earlier_turn_was_deleted(
+    admin_client: OpenAI, ui_server: RunningServer
+) -> None:
+    first = admin_client.responses.create(model=MODEL, input="soon gone")
+    second = admin_client.responses.create(model=MODEL, input="left", previous_response_id=first.id)
+    admin_client.responses.delete(first.id)
+    with httpx.Client(base_url=ui_server.base_url, auth=("a", ADMIN_KEY), timeout=30) as http:
+        shown = http.get(f"/ui/responses/{second.id}")
+        assert shown.status_code == 200
+        assert f'href="/ui/responses/{first.id}"' in shown.text and "cannot be read" in shown.text
+        assert http.get(f"/ui/responses/{first.id}").status_code == 404
