@@ -169,6 +169,13 @@ class MemoryConversations:
             raise NotFound(f"no conversation {conversation_id!r}")
         return found
 
+    def turns(self, conversation_id: str) -> set[str]:
+        """The ids of the responses whose turns appended to the conversation (any project)."""
+        found = self._conversations.get(conversation_id)
+        if found is None:
+            return set()
+        return {e.response_id for e in found.log if e.response_id is not None}
+
     async def create(self, row: ConversationRow, items: Sequence[JsonObject]) -> None:
         if row.id in self._conversations:
             raise StoreError(f"conversation {row.id!r} already exists")
