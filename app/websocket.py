@@ -57,7 +57,6 @@ from app.contract import check_request
 from app.errors import APIError, to_api_error
 from app.keys import Caller
 from app.limits import CALLER, KeyLimits
-from app.live import Run
 from app.service import ResponseService, new_id, normalize_input
 from app.wire import CreateResponse
 
@@ -70,7 +69,10 @@ _ENVELOPE = ("type", "stream_id", "generate")
 #: Steering input a response may hold queued at once.
 _MAX_PENDING_STEERS = 16
 #: Item types whose output the client owns: a response that ends with one waits for it.
-_CLIENT_CALLS = {"function_call": "function_call_output", "custom_tool_call": "custom_tool_call_output"}
+_CLIENT_CALLS = {
+    "function_call": "function_call_output",
+    "custom_tool_call": "custom_tool_call_output",
+}
 _STEER_PART_TYPES = ("input_text", "input_image", "input_file")
 
 
@@ -104,6 +106,7 @@ class _Active:
     open: bool = True  # accepting steering
     steers: list[_Steer] = field(default_factory=list)
     pending_on: list[dict[str, Any]] | None = None  # the required_input it waits for
+    final: dict[str, Any] | None = None  # the response its terminal event carried
 
 
 class _Failure(Exception):
@@ -128,7 +131,8 @@ class ResponsesSocket:
         self._workers: set[asyncio.Task[None]] = set()
         self._active: dict[str, _Active] = {}
         #: store=false responses of this connection: their history, for previous_response_id
-        self._local: dict[str, list[dict[str, Any]]] = {}
+        #: (the stored response it continues, if any; its input and output items)
+        self._local: dict[str, tuple[str | None, list[dict[str, Any]]]] = {}
 
     async def serve(self) -> None:
         await self.ws.accept()
@@ -139,7 +143,13 @@ class ResponsesSocket:
                     break
                 text = message.get("text")
                 if text is None:
-                    await self._error(APIError(400, "Messages must be JSON text frames, not binary.", code="invalid_message"))
+                    await self._error(
+                        APIError(
+                            400,
+                            "Messages must be JSON text frames, not binary.",
+                            code="invalid_message",
+                        )
+                    )
                     continue
                 await self._dispatch(text)
         except WebSocketDisconnect:
@@ -158,13 +168,21 @@ class ResponsesSocket:
             await self._error(APIError(400, "The message is not valid JSON.", code="invalid_json"))
             return
         if not isinstance(message, dict):
-            await self._error(APIError(400, "A message must be a JSON object with a 'type'.", code="invalid_message"))
+            await self._error(
+                APIError(
+                    400, "A message must be a JSON object with a 'type'.", code="invalid_message"
+                )
+            )
             return
         kind = message.get("type")
         if kind == "response.create":
             lane = message.get("stream_id")
             if lane is not None and not isinstance(lane, str):
-                await self._error(APIError(400, "'stream_id' must be a string.", param="stream_id", code="invalid_type"))
+                await self._error(
+                    APIError(
+                        400, "'stream_id' must be a string.", param="stream_id", code="invalid_type"
+                    )
+                )
                 return
             self._lane(lane).put_nowait(message)
         elif kind == "response.steer":
@@ -204,18 +222,30 @@ class ResponsesSocket:
 
     # -- response.create ---------------------------------------------------------------------
 
-    async def _create(self, message: dict[str, Any], lane: str | None, steers: list[_Steer] | None = None) -> None:
+    async def _create(
+        self, message: dict[str, Any], lane: str | None, steers: list[_Steer] | None = None
+    ) -> None:
         body = {k: v for k, v in message.items() if k not in _ENVELOPE}
         generate = message.get("generate", True)
         if generate is None:
             generate = True
         if not isinstance(generate, bool):
-            raise APIError(400, "'generate' must be a boolean.", param="generate", code="invalid_type")
+            raise APIError(
+                400, "'generate' must be a boolean.", param="generate", code="invalid_type"
+            )
         if body.get("stream") is False:
-            raise APIError(400, "'stream' is implicit over WebSocket: leave it out.", param="stream", code="invalid_value")
+            raise APIError(
+                400,
+                "'stream' is implicit over WebSocket: leave it out.",
+                param="stream",
+                code="invalid_value",
+            )
         if body.get("background"):
             raise APIError(
-                400, "'background' is not supported over WebSocket.", param="background", code="invalid_value"
+                400,
+                "'background' is not supported over WebSocket.",
+                param="background",
+                code="invalid_value",
             )
         body.pop("background", None)
         body["stream"] = True
@@ -229,7 +259,10 @@ class ResponsesSocket:
             queued = steers
         if queued:
             own = body.get("input", [])
-            body["input"] = [*(i for s in queued for i in _steer_items(s.input)), *normalize_input(own or [])]
+            body["input"] = [
+                *(i for s in queued for i in _steer_items(s.input)),
+                *normalize_input(own or []),
+            ]
         body = self._with_local_history(body)
         check_request(body)
         create = CreateResponse.model_validate(body)
@@ -252,13 +285,15 @@ class ResponsesSocket:
         if not isinstance(parent, str) or parent not in self._local:
             return body
         own = body.get("input") or []
-        history = self._local[parent]
-        return {
-            **{k: v for k, v in body.items() if k != "previous_response_id"},
-            "input": [*history, *normalize_input(own)],
-        }
+        stored_parent, history = self._local[parent]
+        rest = {k: v for k, v in body.items() if k != "previous_response_id"}
+        if stored_parent is not None:
+            rest["previous_response_id"] = stored_parent
+        return {**rest, "input": [*history, *normalize_input(own)]}
 
-    async def _prepare(self, create: CreateResponse, body: dict[str, Any], lane: str | None) -> None:
+    async def _prepare(
+        self, create: CreateResponse, body: dict[str, Any], lane: str | None
+    ) -> None:
         """``generate: false``: the request is checked (rendered against the model's context, as
         ``create`` would) and its input kept as this connection's state under a new response id,
         which a later ``response.create`` names as ``previous_response_id``. Nothing is
@@ -267,7 +302,7 @@ class ResponsesSocket:
         await self.service.prompt(create, self.caller.project)
         response_id = new_id("resp")
         history = normalize_input(body.get("input") or [])
-        self._local[response_id] = history
+        self._local[response_id] = (body.get("previous_response_id"), history)
         skeleton = {
             "id": response_id,
             "object": "response",
@@ -284,13 +319,21 @@ class ResponsesSocket:
             "metadata": body.get("metadata") or {},
         }
         created = {"type": "response.created", "sequence_number": 0, "response": skeleton}
-        done = {"type": "response.completed", "sequence_number": 1, "response": {**skeleton, "status": "completed"}}
+        done = {
+            "type": "response.completed",
+            "sequence_number": 1,
+            "response": {**skeleton, "status": "completed"},
+        }
         for event in (created, done):
             await self._send(json.dumps(_with_lane(event, lane)))
 
-    async def _run(self, create: CreateResponse, body: dict[str, Any], lane: str | None, steers: list[_Steer]) -> None:
+    async def _run(
+        self, create: CreateResponse, body: dict[str, Any], lane: str | None, steers: list[_Steer]
+    ) -> None:
         service = self.service
-        run = await service.create(create, body, project=self.caller.project, api_key_id=self.caller.key_id)
+        run = await service.create(
+            create, body, project=self.caller.project, api_key_id=self.caller.key_id
+        )
         active = _Active(run.id, lane, body, run.store)
         self._active[run.id] = active
         for steer in steers:  # committed: the successor that carries them exists now
@@ -303,8 +346,10 @@ class ResponsesSocket:
         try:
             await run.created.wait()
             if not run.published:
-                raise run.error if isinstance(run.error, Exception) else APIError(
-                    500, "The response could not be stored.", type="server_error"
+                raise (
+                    run.error
+                    if isinstance(run.error, Exception)
+                    else APIError(500, "The response could not be stored.", type="server_error")
                 )
             async for chunk in service.stream(run.id, -1, run=run, queue=run.first_queue):
                 for data in sse_data(chunk):
@@ -314,30 +359,35 @@ class ResponsesSocket:
             active.open = False
             if not finished and not run.store:
                 await service.abort_unread(run)
-        self._remember(run, body)
-        await self._after(run, active)
+        self._remember(active, body)
+        await self._after(active)
 
-    def _remember(self, run: Run, body: dict[str, Any]) -> None:
-        if run.store or run.final_response is None:
+    def _remember(self, active: _Active, body: dict[str, Any]) -> None:
+        if active.store or active.final is None:
             return
         history = normalize_input(body.get("input") or [])
-        output = [_as_input(item) for item in run.final_response.get("output", [])]
-        self._local[run.id] = [*history, *output]
+        output = [_as_input(item) for item in active.final.get("output", [])]
+        self._local[active.id] = (body.get("previous_response_id"), [*history, *output])
 
-    async def _after(self, run: Run, active: _Active) -> None:
+    async def _after(self, active: _Active) -> None:
         """What steering queued on a response that has just ended becomes."""
         if not active.steers:
             return
-        final = run.final_response or {}
+        final = active.final or {}
         status = final.get("status")
         if status != "completed":
             for steer in list(active.steers):
                 await self._steer_failed(
-                    steer, active, "response_not_active", f"The response ended {status or 'without an answer'}; the input was not applied."
+                    steer,
+                    active,
+                    "response_not_active",
+                    f"The response ended {status or 'without an answer'}; the input was not applied.",
                 )
             active.steers.clear()
             return
-        required = [_required(item) for item in final.get("output", []) if item.get("type") in _CLIENT_CALLS]
+        required = [
+            _required(item) for item in final.get("output", []) if item.get("type") in _CLIENT_CALLS
+        ]
         if required:
             active.pending_on = required
             for steer in active.steers:
@@ -354,7 +404,11 @@ class ResponsesSocket:
             return
         steers = list(active.steers)
         successor = {
-            **{k: v for k, v in active.body.items() if k not in ("input", "previous_response_id", "stream")},
+            **{
+                k: v
+                for k, v in active.body.items()
+                if k not in ("input", "previous_response_id", "stream")
+            },
             "type": "response.create",
             "previous_response_id": active.id,
             "input": [],
@@ -378,13 +432,21 @@ class ResponsesSocket:
         try:
             extra = sorted(set(message) - {"type", "previous_response_id", "input"})
             if extra:
-                raise _Failure("invalid_input", f"response.steer takes only type, previous_response_id and input, not {extra[0]!r}.")
+                raise _Failure(
+                    "invalid_input",
+                    f"response.steer takes only type, previous_response_id and input, not {extra[0]!r}.",
+                )
             if not isinstance(target, str) or not target:
-                raise _Failure("invalid_input", "'previous_response_id' must name a response on this connection.")
+                raise _Failure(
+                    "invalid_input",
+                    "'previous_response_id' must name a response on this connection.",
+                )
             _check_steer_input(steer_input)
             active = self._active.get(target)
             if active is None:
-                raise _Failure("response_not_found", f"No response '{target}' is running on this connection.")
+                raise _Failure(
+                    "response_not_found", f"No response '{target}' is running on this connection."
+                )
             if not active.store:
                 raise _Failure(
                     "steering_not_supported",
@@ -396,19 +458,37 @@ class ResponsesSocket:
                     "Responses bound to a conversation or using automatic compaction do not support steering.",
                 )
             if not active.open and active.pending_on is None:
-                raise _Failure("response_already_completed", f"The response '{target}' has completed.")
+                raise _Failure(
+                    "response_already_completed", f"The response '{target}' has completed."
+                )
             if len(active.steers) >= _MAX_PENDING_STEERS:
-                raise _Failure("too_many_pending_steers", f"At most {_MAX_PENDING_STEERS} steering inputs may be queued per response.")
+                raise _Failure(
+                    "too_many_pending_steers",
+                    f"At most {_MAX_PENDING_STEERS} steering inputs may be queued per response.",
+                )
         except _Failure as failure:
-            seq = self._active[target].last_seq if isinstance(target, str) and target in self._active else 0
+            seq = (
+                self._active[target].last_seq
+                if isinstance(target, str) and target in self._active
+                else 0
+            )
             await self._send_event(
                 {
                     "type": "response.steer.failed",
                     "sequence_number": max(seq, 0),
-                    "error": {"type": "invalid_request_error", "code": failure.code, "message": failure.message},
-                    "steer": {"input": steer_input, "previous_response_id": target if isinstance(target, str) else ""},
+                    "error": {
+                        "type": "invalid_request_error",
+                        "code": failure.code,
+                        "message": failure.message,
+                    },
+                    "steer": {
+                        "input": steer_input,
+                        "previous_response_id": target if isinstance(target, str) else "",
+                    },
                 },
-                self._active[target].lane if isinstance(target, str) and target in self._active else None,
+                self._active[target].lane
+                if isinstance(target, str) and target in self._active
+                else None,
             )
             return
         steer = _Steer(new_id("steer"), steer_input, target)
@@ -439,7 +519,11 @@ class ResponsesSocket:
                 "type": "response.steer.failed",
                 "sequence_number": max(active.last_seq, 0),
                 "error": {"type": "invalid_request_error", "code": code, "message": message},
-                "steer": {"id": steer.id, "input": steer.input, "previous_response_id": steer.previous_response_id},
+                "steer": {
+                    "id": steer.id,
+                    "input": steer.input,
+                    "previous_response_id": steer.previous_response_id,
+                },
             },
             active.lane,
         )
@@ -459,7 +543,12 @@ class ResponsesSocket:
         event: dict[str, Any] = {
             "type": "error",
             "status": err.status,
-            "error": {"type": err.type, "code": err.code, "message": err.message, "param": err.param},
+            "error": {
+                "type": err.type,
+                "code": err.code,
+                "message": err.message,
+                "param": err.param,
+            },
         }
         if err.headers:
             event["error"]["headers"] = dict(err.headers)
@@ -475,6 +564,10 @@ def _with_lane(event: dict[str, Any], lane: str | None) -> dict[str, Any]:
     return event if lane is None else {**event, "stream_id": lane}
 
 
+_TERMINAL_PREFIXES = tuple(
+    f'{{"type":"{t}"'.encode().decode()
+    for t in ("response.completed", "response.incomplete", "response.failed")
+)
 #: Error codes of a stream's own ``error`` event and the HTTP status each stands for.
 _STREAM_ERROR_STATUS = {"store_unavailable": 503, "server_shutting_down": 503, "not_found": 404}
 
@@ -489,9 +582,16 @@ def _ws_event(data: str, lane: str | None, active: _Active) -> str:
             "type": "error",
             "sequence_number": event.get("sequence_number"),
             "status": _STREAM_ERROR_STATUS.get(code or "", 500),
-            "error": {"type": "server_error", "code": code, "message": event.get("message"), "param": event.get("param")},
+            "error": {
+                "type": "server_error",
+                "code": code,
+                "message": event.get("message"),
+                "param": event.get("param"),
+            },
         }
         return json.dumps(_with_lane(out, lane))
+    if data.startswith(_TERMINAL_PREFIXES):
+        active.final = json.loads(data)["response"]
     seq_at = data.find('"sequence_number":')
     if seq_at >= 0:
         end = data.find(",", seq_at)
@@ -504,7 +604,9 @@ def _ws_event(data: str, lane: str | None, active: _Active) -> str:
 
 def _as_input(item: dict[str, Any]) -> dict[str, Any]:
     """An output item as the next request's input item (what a client sends back)."""
-    return {k: v for k, v in item.items() if not (k == "status" and item.get("type") == "reasoning")}
+    return {
+        k: v for k, v in item.items() if not (k == "status" and item.get("type") == "reasoning")
+    }
 
 
 def _required(item: dict[str, Any]) -> dict[str, Any]:
@@ -523,7 +625,9 @@ def _check_steer_input(value: Any) -> None:
             raise _Failure("invalid_input", "'input' must not be empty.")
         return
     if not isinstance(value, list) or not value:
-        raise _Failure("invalid_input", "'input' must be a string or a non-empty list of user messages.")
+        raise _Failure(
+            "invalid_input", "'input' must be a string or a non-empty list of user messages."
+        )
     for n, item in enumerate(value):
         if not isinstance(item, dict):
             raise _Failure("invalid_input", f"input[{n}] must be a message object.")
@@ -540,7 +644,8 @@ def _check_steer_input(value: Any) -> None:
             isinstance(p, dict) and p.get("type") in _STEER_PART_TYPES for p in content
         ):
             raise _Failure(
-                "invalid_input", f"input[{n}].content must be a string or input_text, input_image and input_file parts."
+                "invalid_input",
+                f"input[{n}].content must be a string or input_text, input_image and input_file parts.",
             )
 
 
