@@ -167,10 +167,12 @@ def test_steering_runs_a_successor_with_the_queued_input(
         created = connection.recv()
         assert created.type == "response.created"
         target = created.response.id
-        connection.response.steer(input="Talk about mountains instead.", previous_response_id=target)
+        connection.response.steer(
+            input="Talk about mountains instead.", previous_response_id=target
+        )
         events = _until(
             connection,
-            lambda e: e.type in TERMINAL and e.response.id != target or e.type == "error",
+            lambda e: (e.type in TERMINAL and e.response.id != target) or e.type == "error",
         )
     kinds = [e.type for e in events]
     accepted = next(e for e in events if e.type == "response.steer.accepted")
@@ -224,7 +226,11 @@ def test_steering_waits_for_tool_output_and_joins_the_next_request(
         assert "response.steer.accepted" in kinds
         assert kinds.index("response.completed") < kinds.index("response.steer.pending")
         pending = events[-1]
-        call = next(i for i in events[kinds.index("response.completed")].response.output if i.type == "function_call")
+        call = next(
+            i
+            for i in events[kinds.index("response.completed")].response.output
+            if i.type == "function_call"
+        )
         assert pending.reason == "waiting_for_required_input"
         assert [r.to_dict() for r in pending.required_input] == [
             {"type": "function_call_output", "call_id": call.call_id, "name": "weather"}
@@ -241,7 +247,9 @@ def test_steering_waits_for_tool_output_and_joins_the_next_request(
     assert "And should I bring a coat?" in prompt and "-5 C" in prompt
 
 
-def test_steering_that_cannot_be_accepted_is_returned(client: OpenAI, engine: ScriptedEngine) -> None:
+def test_steering_that_cannot_be_accepted_is_returned(
+    client: OpenAI, engine: ScriptedEngine
+) -> None:
     engine.add_turns(_answer("Done."), _answer("Unstored.", delay_ms=40))
     with client.responses.connect() as connection:
         connection.response.steer(input="Hello?", previous_response_id="resp_nowhere")
@@ -280,7 +288,9 @@ def test_errors_are_error_events_and_the_socket_stays_usable(
             "not json",
             json.dumps({"type": "response.frobnicate"}),
             json.dumps({"type": "response.create", "model": MODEL, "input": "x", "temprature": 1}),
-            json.dumps({"type": "response.create", "model": MODEL, "input": "x", "background": True}),
+            json.dumps(
+                {"type": "response.create", "model": MODEL, "input": "x", "background": True}
+            ),
             json.dumps({"type": "response.create", "model": "no-such-model", "input": "x"}),
             b"\x00binary",
         ]
@@ -329,12 +339,17 @@ def test_the_upgrade_needs_a_key_and_an_allowed_origin(
                 origin="https://evil.example",  # type: ignore[arg-type]
             ).close()
         assert foreign.value.response.status_code == 403
-        with OpenAI(base_url=server.base_url + "/v1", api_key="sk-wrong", max_retries=0) as wrong:
-            with pytest.raises(InvalidStatus):
-                wrong.responses.connect().enter()
-        with OpenAI(base_url=server.base_url + "/v1", api_key="sk-right", max_retries=0) as right:
-            with right.responses.connect() as connection:
-                connection.response.create(model=MODEL, input="Let me in.")
-                events = _until(connection, _terminal)
+        base = server.base_url + "/v1"
+        with (
+            OpenAI(base_url=base, api_key="sk-wrong", max_retries=0) as wrong,
+            pytest.raises(InvalidStatus),
+        ):
+            wrong.responses.connect().enter()
+        with (
+            OpenAI(base_url=base, api_key="sk-right", max_retries=0) as right,
+            right.responses.connect() as connection,
+        ):
+            connection.response.create(model=MODEL, input="Let me in.")
+            events = _until(connection, _terminal)
     assert events[-1].type == "response.completed"
     assert events[-1].response.output_text == "Authorised."
