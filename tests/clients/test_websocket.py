@@ -9,6 +9,7 @@ against what HTTP says about the same response: the log (``/events``), ``GET``, 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -353,3 +354,34 @@ def test_the_upgrade_needs_a_key_and_an_allowed_origin(
             events = _until(connection, _terminal)
     assert events[-1].type == "response.completed"
     assert events[-1].response.output_text == "Authorised."
+
+
+def test_a_socket_outlives_the_header_timeout_and_frees_its_connection_slot(
+    tmp_path: Any, engine: ScriptedEngine
+) -> None:
+    """An upgraded connection leaves the HTTP limits (``app.transport``): its head timer once
+    answered 408 into the open socket, and the connection stayed counted after it closed."""
+    settings = Settings(
+        engine="scripted",
+        database_url=f"sqlite+aiosqlite:///{tmp_path / 'slots.db'}",
+        served_model_names=(MODEL,),
+        http_header_timeout_s=0.3,
+    )
+    engine.add_turns(_answer("After the timeout."))
+    with serve(settings, engine=engine) as server:
+        connections = server.server.connections
+        url = server.base_url.replace("http", "ws") + "/v1/responses"
+        with websockets.sync.client.connect(url) as ws:
+            assert connections.open == 1
+            with pytest.raises(TimeoutError):
+                ws.recv(timeout=0.8)  # past the header timeout: nothing arrives, nothing closes
+            ws.send(json.dumps({"type": "response.create", "model": MODEL, "input": "Still open?"}))
+            events = []
+            while not events or events[-1]["type"] not in TERMINAL:
+                events.append(json.loads(ws.recv(timeout=30)))
+        assert events[-1]["type"] == "response.completed"
+        assert connections.stats.head_timeouts == 0
+        deadline = time.monotonic() + 5
+        while connections.open and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert connections.open == 0
