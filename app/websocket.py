@@ -254,7 +254,7 @@ class ResponsesSocket:
         if steers is None and isinstance(parent, str):
             waiting = self._active.get(parent)
             if waiting is not None and waiting.pending_on is not None and waiting.lane == lane:
-                queued = waiting.steers  # prepended in submission order
+                queued = list(waiting.steers)  # prepended in submission order
         elif steers is not None:
             queued = steers
         if queued:
@@ -303,26 +303,18 @@ class ResponsesSocket:
         response_id = new_id("resp")
         history = normalize_input(body.get("input") or [])
         self._local[response_id] = (body.get("previous_response_id"), history)
-        skeleton = {
-            "id": response_id,
-            "object": "response",
-            "created_at": _now(),
-            "status": "in_progress",
-            "model": self.service.resolve_model(create.model),
-            "output": [],
-            "previous_response_id": None,
-            "store": False,
-            "usage": None,
-            "error": None,
-            "incomplete_details": None,
-            "instructions": create.instructions,
-            "metadata": body.get("metadata") or {},
-        }
+        created_at = _now()
+        skeleton = self.service.skeleton(
+            create, response_id, created_at, self.service.resolve_model(create.model)
+        )
+        skeleton["store"] = False
+        skeleton["previous_response_id"] = body.get("previous_response_id")
+        done_response = {**skeleton, "status": "completed", "completed_at": created_at}
         created = {"type": "response.created", "sequence_number": 0, "response": skeleton}
         done = {
             "type": "response.completed",
             "sequence_number": 1,
-            "response": {**skeleton, "status": "completed"},
+            "response": done_response,
         }
         for event in (created, done):
             await self._send(json.dumps(_with_lane(event, lane)))
