@@ -57,18 +57,24 @@ def codex_version() -> str:
 
 
 def config_toml(
-    *, base_url: str, model: str, stream_idle_timeout_ms: int = 30_000, provider: str = "custom"
+    *,
+    base_url: str,
+    model: str,
+    stream_idle_timeout_ms: int = 30_000,
+    provider: str = "custom",
+    extra: Sequence[str] = (),
 ) -> str:
     """A ``config.toml`` selecting one Responses API provider at ``base_url`` (ending in /v1).
 
     ``provider="openai"``: Codex's built-in OpenAI provider pointed at ``base_url`` with
     ``openai_base_url`` instead (it speaks WebSocket mode first, with its own retries; the key
-    comes from ``CODEX_API_KEY``)."""
+    comes from ``CODEX_API_KEY``). ``extra``: more top-level lines (``key = value``)."""
     if provider == "openai":
         return "\n".join(
             [
                 f"model = {_toml_str(model)}",
                 f"openai_base_url = {_toml_str(base_url)}",
+                *extra,
                 "check_for_update_on_startup = false",
                 'web_search = "disabled"',
                 "",
@@ -81,6 +87,7 @@ def config_toml(
         [
             f"model = {_toml_str(model)}",
             f"model_provider = {_toml_str(_PROVIDER)}",
+            *extra,
             "check_for_update_on_startup = false",
             # Codex offers its hosted web_search tool by default; this server runs no hosted
             # tools and refuses a request that declares one (app.contract)
@@ -136,6 +143,7 @@ def run_codex(
     timeout: float = 120,
     provider: str = "custom",
     api_key: str = "sk-ledger-dummy",
+    config: Sequence[str] = (),
 ) -> CodexRun:
     """Run ``codex exec --json ... "<prompt>" </dev/null`` in ``workdir``; return its events.
 
@@ -149,7 +157,7 @@ def run_codex(
         codex_home = home / ".codex"
         codex_home.mkdir()
         (codex_home / "config.toml").write_text(
-            config_toml(base_url=base_url, model=model, provider=provider)
+            config_toml(base_url=base_url, model=model, provider=provider, extra=config)
         )
         process_env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
