@@ -385,3 +385,38 @@ def test_a_socket_outlives_the_header_timeout_and_frees_its_connection_slot(
         while connections.open and time.monotonic() < deadline:
             time.sleep(0.02)
         assert connections.open == 0
+
+
+def test_lanes_run_side_by_side_and_in_order_within_one(
+    client: OpenAI, engine: ScriptedEngine
+) -> None:
+    engine.add_turns(
+        _answer("Slow lane answer, one token at a time.", delay_ms=30),
+        _answer("Fast lane answer."),
+        _answer("Slow lane, second."),
+    )
+    with client.responses.connect() as connection:
+        connection.response.create(model=MODEL, input="Slow one.", stream_id="slow")
+        first = connection.recv()
+        assert first.type == "response.created" and first.stream_id == "slow"
+        connection.response.create(model=MODEL, input="Fast one.", stream_id="fast")
+        connection.response.create(model=MODEL, input="Slow two.", stream_id="slow")
+        events = []
+        done: list[tuple[str, str]] = []
+        while len(done) < 3:
+            event = connection.recv()
+            events.append(event)
+            if event.type in TERMINAL:
+                done.append((event.stream_id, event.response.output_text))
+    # the fast lane finished while the slow one was still streaming; the slow lane kept its order
+    assert done == [
+        ("fast", "Fast lane answer."),
+        ("slow", "Slow lane answer, one token at a time."),
+        ("slow", "Slow lane, second."),
+    ]
+    lanes_of: dict[str, set[str]] = {}
+    for event in events:
+        response = getattr(event, "response", None)
+        if response is not None:
+            lanes_of.setdefault(response.id, set()).add(event.stream_id)
+    assert sorted(map(sorted, lanes_of.values())) == [["fast"], ["slow"], ["slow"]]
