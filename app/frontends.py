@@ -103,7 +103,10 @@ class ReplicaHeader:
 
         async def send_with_replica(message: Any) -> None:
             if message["type"] == "http.response.start":
-                message = {**message, "headers": [*message.get("headers", ()), (REPLICA_HEADER, replica)]}
+                message = {
+                    **message,
+                    "headers": [*message.get("headers", ()), (REPLICA_HEADER, replica)],
+                }
             await send(message)
 
         await self.app(scope, receive, send_with_replica)
@@ -201,7 +204,9 @@ def _supervise(
         if ended:
             proc = watched[ended[0]]  # type: ignore[index]
             proc.join(0)
-            log.error("%s (pid %s) exited (%s): stopping the others", proc.name, proc.pid, proc.exitcode)
+            log.error(
+                "%s (pid %s) exited (%s): stopping the others", proc.name, proc.pid, proc.exitcode
+            )
             return 1
     stopping.set()
     signum = stop[0]

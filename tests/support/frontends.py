@@ -29,7 +29,9 @@ class Frontend:
     def __init__(self, http: httpx.Client, replica: str, base_url: str) -> None:
         self.http = http
         self.replica = replica
-        self.sdk = OpenAI(base_url=base_url + "/v1", api_key="unused", http_client=http, max_retries=0)
+        self.sdk = OpenAI(
+            base_url=base_url + "/v1", api_key="unused", http_client=http, max_retries=0
+        )
 
     def close(self) -> None:
         self.sdk.close()
@@ -41,7 +43,8 @@ def _connect(base_url: str, wanted: Callable[[str], bool], timeout_s: float) -> 
     seen: set[str] = set()
     while True:
         http = httpx.Client(
-            base_url=base_url, limits=httpx.Limits(max_connections=1, keepalive_expiry=600),
+            base_url=base_url,
+            limits=httpx.Limits(max_connections=1, keepalive_expiry=600),
             timeout=httpx.Timeout(60),
         )
         replica = http.get("/health").headers[HEADER]
@@ -55,7 +58,9 @@ def _connect(base_url: str, wanted: Callable[[str], bool], timeout_s: float) -> 
             http.event_hooks["response"] = [same_replica]
             return Frontend(http, replica, base_url)
         http.close()
-        assert time.monotonic() < deadline, f"no wanted frontend answered within {timeout_s} s: {seen}"
+        assert time.monotonic() < deadline, (
+            f"no wanted frontend answered within {timeout_s} s: {seen}"
+        )
 
 
 def frontend(base_url: str, timeout_s: float = 30) -> Frontend:
