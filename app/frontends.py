@@ -298,8 +298,8 @@ def _engine_core(
         log.info("vLLM engine core ready for %d frontends", count)
         yield list(getattr(manager, "processes", []))
     finally:
-        for listener in (*listeners.inputs, *listeners.outputs):
-            listener.cleanup()
+        listeners.cleanup()
+        del listeners  # vLLM's __del__ cleans up again, which fails at interpreter exit
         if manager is not None:
             manager.shutdown(timeout=settings.drain_s)
         if coordinator is not None:
