@@ -125,8 +125,8 @@ def test_sigterm_to_the_parent_drains_and_stops_every_frontend(
     tmp_path: Path, pg_url: str, processes: list[ServerProcess]
 ) -> None:
     """Stopped together, the frontends hand each other nothing (none takes over while going):
-    a response still running past the drain ends ``incomplete`` (``server_shutdown``), like a
-    lone replica's, and every process is gone."""
+    each one's response still running past the drain ends ``incomplete`` (``server_shutdown``),
+    as a lone replica's would, its stream ends with that event, and every process is gone."""
     server = _start(
         tmp_path,
         pg_url,
@@ -135,9 +135,11 @@ def test_sigterm_to_the_parent_drains_and_stops_every_frontend(
     )
     processes.append(server)
     a = frontend(server.base_url)
+    b = other_frontend(server.base_url, a.replica)
     try:
         pids = [row["pid"] for row in _sql(pg_url, "SELECT pid FROM replicas")]
         assert len(pids) == 2 and all(_exists(pid) for pid in pids)
+        on_b = b.sdk.responses.create(model=MODEL, input="long", background=True)
         with a.sdk.responses.create(model=MODEL, input="long", stream=True) as events:
             seen = []
             for event in events:
@@ -151,10 +153,18 @@ def test_sigterm_to_the_parent_drains_and_stops_every_frontend(
         while any(_exists(pid) for pid in pids) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not any(_exists(pid) for pid in pids)
-        logs = server.log_text()
-        assert "passing it to 2 frontends" in logs
+        for response_id in (seen[0].response.id, on_b.id):
+            last = _sql(
+                pg_url,
+                "SELECT type, payload FROM response_events WHERE response_id = $1 "
+                "ORDER BY seq DESC LIMIT 1",
+                response_id,
+            )
+            assert last[0]["type"] == "response.incomplete", (response_id, last)
+        assert "passing it to 2 frontends" in server.log_text()
     finally:
         a.close()
+        b.close()
 
 
 def test_several_frontends_on_sqlite_are_refused(tmp_path: Path) -> None:
