@@ -10,8 +10,7 @@ reaches, and none needs to:
   owner of the responses it creates. The ledger is shared through the database and the
   replicas' doorbell (``persistence.doorbell``), so a follower on one frontend hears the events
   another appends, a cancel or ``DELETE`` through one reaches the owner, ``previous_response_id``
-  resolves anywhere, and a frontend that dies has its responses taken over by the others
-  (``app.takeover``). That needs PostgreSQL: SQLite serves one process (its doorbell is inside
+  resolves anywhere. That needs PostgreSQL: SQLite serves one process (its doorbell is inside
   one process, and ``app.leases`` refuses a second process), so ``--frontends N`` with N > 1 on
   SQLite is refused at start with a message that says so.
 - **One vLLM engine core**, as ``vllm serve --api-server-count N`` does it: the parent binds the
@@ -22,8 +21,10 @@ reaches, and none needs to:
 - **Signals**: SIGTERM (or SIGINT) to the parent is passed to every frontend, which drains
   (``app.drain``) as a lone replica would; the parent waits for them, then stops the engine
   core. Frontends stopped together do not hand their responses to each other (all are going):
-  only replicas outside the group count as the "others" a drain hands over to. A frontend that
-  exits on its own stops the group (exit status 1), as vLLM's API servers do.
+  only replicas outside the group count as the "others" a drain hands over to. A frontend (or
+  the engine core) that exits on its own stops the whole group (exit status 1), as vLLM's API
+  servers do; what a killed frontend left is taken over by replicas outside the group, or at
+  the next start (``app.takeover``).
 - **Which frontend answered**: with N > 1 every HTTP response carries
   ``x-responses-ledger-replica`` (the replica id), for operators and tests.
 
@@ -324,7 +325,6 @@ def _frontend(
     from app import transport
     from app.main import create_app
 
-    signal.signal(signal.SIGINT, signal.default_int_handler)
     app = create_app(settings, engine_core=core)
     server = transport.server(app, settings)
     server.run(sockets=[sock])
