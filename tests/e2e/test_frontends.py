@@ -167,6 +167,25 @@ def test_sigterm_to_the_parent_drains_and_stops_every_frontend(
         b.close()
 
 
+def test_a_frontend_killed_stops_the_group(
+    tmp_path: Path, pg_url: str, processes: list[ServerProcess]
+) -> None:
+    server = _start(tmp_path, pg_url, slow_script(3))
+    processes.append(server)
+    a = frontend(server.base_url)
+    other_frontend(server.base_url, a.replica).close()  # both are up
+    a.close()
+    pids = [row["pid"] for row in _sql(pg_url, "SELECT pid FROM replicas")]
+    assert len(pids) == 2
+    os.kill(pids[0], signal.SIGKILL)
+    assert server.proc.wait(timeout=60) == 1
+    deadline = time.monotonic() + 10
+    while _exists(pids[1]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _exists(pids[1])
+    assert "exited (-9): stopping the others" in server.log_text()
+
+
 def test_several_frontends_on_sqlite_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ServerDidNotStart) as failed:
         _start(tmp_path, f"sqlite+aiosqlite:///{tmp_path}/ledger.db", slow_script(3))
