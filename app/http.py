@@ -27,6 +27,7 @@ from app.limits import take_stream
 from app.live import Run
 from app.ownership import caller_of, scoped
 from app.service import ResponseService
+from app.ui import routes as ui_routes
 from app.wire import CreateResponse
 from persistence.errors import StoreUnavailable
 
@@ -325,4 +326,5 @@ routes = [
     Route("/health", guard(health), methods=["GET"]),
     Route("/health/live", guard(live), methods=["GET"]),
     Route("/health/ready", guard(ready), methods=["GET"]),
+    *ui_routes,  # /ui, the audit page (app.ui)
 ]
