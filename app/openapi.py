@@ -34,6 +34,7 @@ is built per server, at the first request), since a server that runs open takes 
 
 from __future__ import annotations
 
+import copy
 import importlib.metadata
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -490,7 +491,7 @@ def document(routes: Sequence[BaseRoute], *, keys_required: bool) -> dict[str, A
         paths.setdefault(path, {})[method.lower()] = _operation(
             method, path, operation, models, schemas, keys_required=keys_required
         )
-    return {
+    built = {
         "openapi": "3.1.0",
         "info": {
             "title": "responses-ledger",
@@ -511,6 +512,7 @@ def document(routes: Sequence[BaseRoute], *, keys_required: bool) -> dict[str, A
             },
         },
     }
+    return copy.deepcopy(built)  # nothing shared with SCHEMAS: the caller may change it
 
 
 def _body_schemas() -> dict[str, dict[str, Any]]:

@@ -72,6 +72,15 @@ def test_every_route_and_method_is_in_the_document_and_nothing_else() -> None:
         Draft202012Validator.check_schema(schema)
 
 
+def test_a_document_shares_nothing_with_the_next_one() -> None:
+    changed = document(routes, keys_required=False)
+    changed["components"]["schemas"]["StreamEvent"]["properties"]["sequence_number"]["maximum"] = 0
+    changed["paths"]["/v1/conversations/{conversation_id}/items"]["get"]["parameters"][-1]["schema"][
+        "items"
+    ]["enum"] = []
+    assert document(routes, keys_required=False) != changed  # (a mutated test document leaked)
+
+
 def test_a_route_without_an_operation_is_refused_not_left_out() -> None:
     async def endpoint(request: Any) -> Any:
         raise AssertionError
