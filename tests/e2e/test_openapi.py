@@ -101,6 +101,8 @@ def test_the_request_bodies_come_from_the_wire_models_and_the_contract() -> None
         "default": None,
         "title": "Top Logprobs",
     }
+    assert create["properties"]["metadata"]["maxProperties"] == 16  # check_metadata's limits
+    assert doc["components"]["schemas"]["NewItems"]["properties"]["items"]["maxItems"] == 20
     count = doc["paths"]["/v1/responses/input_tokens"]["post"]["requestBody"]["content"]
     assert "required" not in count["application/json"]["schema"]  # model may be left out
 
