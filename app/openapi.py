@@ -11,8 +11,10 @@ served, never a second list kept by hand) and from :data:`OPERATIONS`, which say
   allows nothing else (``additionalProperties: false``);
 - response bodies are JSON Schemas of what the routes return (the Response object, OpenAI's
   ``{"error": {...}}``, list pages, deleted objects), written here: the server builds those as
-  plain dicts. Each operation lists the error statuses it can answer; every ``/v1`` one can also
-  answer 401 (keys on), 429 (a key's limits), 500 and 503 (the database unavailable, starting).
+  plain dicts. Each operation lists the error statuses it can answer; every route can also
+  answer ``app.browser``'s 400 (Host), 403 (Origin) and, for a POST, 415 (not JSON); every
+  ``/v1`` one 401 (keys on), 429 (a key's limits), 500 and 503 (the database unavailable,
+  starting).
 
 ``tests/e2e/test_openapi.py`` keeps the document true: it asserts that every route (and method)
 in the app appears in the document and nothing else does, and drives a real server with
@@ -294,7 +296,7 @@ class Operation:
     summary: str
     #: The 200 answer: a schema name in :data:`SCHEMAS`.
     ok: str
-    #: Error statuses it answers besides the ones every ``/v1`` operation may (401, 429, 500, 503).
+    #: Error statuses it answers besides the ones every route or ``/v1`` one may (see above).
     errors: tuple[int, ...] = ()
     #: The JSON body: a pydantic model (``body_fields`` restricts and extends its fields).
     body: type[BaseModel] | None = None
@@ -564,7 +566,7 @@ def _operation(
             "required": True,
             "content": {"application/json": {"schema": _body(op, models, schemas)}},
         }
-    out["responses"] = _responses(op, api=api, keys_required=keys_required)
+    out["responses"] = _responses(op, method, api=api, keys_required=keys_required)
     out["security"] = [{"bearer": []}] if api and keys_required else []
     return out
 
@@ -605,7 +607,7 @@ def _body(
     return schema
 
 
-def _responses(op: Operation, *, api: bool, keys_required: bool) -> dict[str, Any]:
+def _responses(op: Operation, method: str, *, api: bool, keys_required: bool) -> dict[str, Any]:
     if op.content_type == "application/json":
         content: dict[str, Any] = {"application/json": {"schema": _ref(op.ok)}}
     else:
@@ -628,7 +630,9 @@ def _responses(op: Operation, *, api: bool, keys_required: bool) -> dict[str, An
             }
         }
     responses: dict[str, Any] = {"200": {"description": op.summary, "content": content}}
-    statuses = set(op.errors)
+    statuses = set(op.errors) | {400, 403}  # app.browser's Host and Origin checks, on every route
+    if method == "POST":
+        statuses.add(415)  # a body that is not sent as application/json (app.browser)
     if api:
         statuses |= {429, 500, 503}
         if keys_required:
@@ -651,11 +655,14 @@ def _responses(op: Operation, *, api: bool, keys_required: bool) -> dict[str, An
 
 
 _STATUS_TEXT = {
-    400: "Invalid request: the error names the parameter.",
+    400: "Invalid request (the error names the parameter), or a Host header this server does "
+    "not answer to.",
+    403: "A browser's request from an origin CORS does not allow.",
     401: "No valid API key.",
     404: "Not found (another project's object is indistinguishable from a missing one).",
     409: "Conflicting state (not ready yet, or being generated elsewhere).",
     413: "The body is larger than the server takes.",
+    415: "A body not sent with Content-Type: application/json.",
     429: "The key's rate or stream limit.",
     500: "A server error.",
     503: "The database cannot be used, or the server is starting.",

@@ -75,9 +75,9 @@ def test_every_route_and_method_is_in_the_document_and_nothing_else() -> None:
 def test_a_document_shares_nothing_with_the_next_one() -> None:
     changed = document(routes, keys_required=False)
     changed["components"]["schemas"]["StreamEvent"]["properties"]["sequence_number"]["maximum"] = 0
-    changed["paths"]["/v1/conversations/{conversation_id}/items"]["get"]["parameters"][-1]["schema"][
-        "items"
-    ]["enum"] = []
+    changed["paths"]["/v1/conversations/{conversation_id}/items"]["get"]["parameters"][-1][
+        "schema"
+    ]["items"]["enum"] = []
     assert document(routes, keys_required=False) != changed  # (a mutated test document leaked)
 
 
@@ -243,16 +243,27 @@ def _fuzz(
 
 
 def _pinned(operation: Any, known: dict[str, list[str]]) -> list[schemathesis.Case]:
-    """Fixed cases for the streaming answers: a created stream, a replay, a resume."""
-    if (operation.method.upper(), operation.path) == ("POST", "/v1/responses"):
-        return [operation.Case(body={"model": MODEL, "input": "hi", "stream": True})]
-    if (operation.method.upper(), operation.path) == ("GET", "/v1/responses/{response_id}"):
-        return [
+    """Fixed cases: the streaming answers (a created stream, a replay, a resume), and on every
+    operation app.browser's refusals (an Origin; a body not sent as JSON)."""
+    method, path = operation.method.upper(), operation.path
+    ids = {name: ids[0] for name, ids in known.items() if "{" + name + "}" in path}
+    body: dict[str, Any] = {}
+    if "requestBody" in operation.definition.raw:
+        body["body"] = {"model": MODEL, "input": "hi"}
+    cases = [operation.Case(path_parameters=ids, headers={"Origin": "http://elsewhere"}, **body)]
+    if body:
+        cases.append(
+            operation.Case(path_parameters=ids, headers={"Content-Type": "text/plain"}, **body)
+        )
+    if (method, path) == ("POST", "/v1/responses"):
+        cases.append(operation.Case(body={"model": MODEL, "input": "hi", "stream": True}))
+    if (method, path) == ("GET", "/v1/responses/{response_id}"):
+        cases += [
             operation.Case(path_parameters={"response_id": ident}, query=query)
             for ident in known["response_id"]
             for query in ({"stream": "true"}, {"stream": "true", "starting_after": "2"})
         ]
-    return []
+    return cases
 
 
 def test_an_answer_the_document_does_not_describe_is_found(open_server: RunningServer) -> None:
