@@ -301,7 +301,8 @@ class Operation:
     #: The JSON body: a pydantic model (``body_fields`` restricts and extends its fields).
     body: type[BaseModel] | None = None
     body_fields: frozenset[str] | None = None
-    #: Required body fields that the model requires but this operation does not.
+    #: Body fields that the model requires but this operation does not (missing or null: the
+    #: default).
     body_optional: tuple[str, ...] = ()
     query: tuple[Query, ...] = ()
     #: ``stream=true`` (or a body with ``stream: true``) answers Server-Sent Events.
@@ -591,6 +592,8 @@ def _body(
         return _ref(name)
     model = models[name]
     properties = {f: model["properties"].get(f, {}) for f in sorted(op.body_fields)}
+    for f in op.body_optional:  # left out or null: the default
+        properties[f] = {"anyOf": [properties[f], {"type": "null"}]}
     required = [
         f for f in model.get("required", []) if f in op.body_fields and f not in op.body_optional
     ]

@@ -13,6 +13,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from app.contract import SUPPORTED_TOOL_TYPES
+
 __all__ = [
     "ITEMS_SCHEMA",
     "METADATA_SCHEMA",
@@ -34,8 +36,13 @@ METADATA_SCHEMA: dict[str, Any] = {
 ITEMS_SCHEMA: dict[str, Any] = {
     "items": {"type": "object", "anyOf": [{"required": ["type"]}, {"required": ["role"]}]}
 }
-#: An object with a string ``type`` (a tool, an object ``tool_choice``).
+#: An object with a string ``type`` (an object ``tool_choice``; a tool, of a type the server offers).
 _TYPED: dict[str, Any] = {"required": ["type"], "properties": {"type": {"type": "string"}}}
+_TOOL: dict[str, Any] = {
+    "type": "object",
+    "required": ["type"],
+    "properties": {"type": {"enum": list(SUPPORTED_TOOL_TYPES)}},
+}
 
 
 def check_metadata(value: dict[str, str] | None) -> dict[str, str] | None:
@@ -78,9 +85,7 @@ class CreateResponse(BaseModel):
     stream: bool = False
     store: bool = True
     background: bool = False
-    tools: list[dict[str, Any]] = Field(
-        default_factory=list, json_schema_extra={"items": {"type": "object", **_TYPED}}
-    )
+    tools: list[dict[str, Any]] = Field(default_factory=list, json_schema_extra={"items": _TOOL})
     tool_choice: Literal["auto", "none", "required"] | dict[str, Any] = Field(
         default="auto", json_schema_extra=_TYPED
     )
