@@ -312,6 +312,9 @@ class Operation:
     #: Also answers 503 with the ``ok`` schema (the health routes).
     unavailable_ok: bool = False
     tags: tuple[str, ...] = field(default=())
+    #: OpenAPI links from the 200 answer: the operations (by ``(method, path)``) its ids feed,
+    #: each with its path parameters as runtime expressions (what stateful fuzzers follow).
+    links: tuple[tuple[tuple[str, str], Mapping[str, str]], ...] = ()
 
 
 _RESPONSE_ID = "/v1/responses/{response_id}"
@@ -336,6 +339,16 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         body_fields=frozenset(p.name for p in PARAMETERS),
         streams=True,
         tags=("responses",),
+        links=tuple(
+            ((method, path), {"response_id": "$response.body#/id"})
+            for method, path in (
+                ("GET", "/v1/responses/{response_id}"),
+                ("DELETE", "/v1/responses/{response_id}"),
+                ("POST", "/v1/responses/{response_id}/cancel"),
+                ("GET", "/v1/responses/{response_id}/input_items"),
+                ("GET", "/v1/responses/{response_id}/events"),
+            )
+        ),
     ),
     ("POST", "/v1/responses/input_tokens"): Operation(
         "Count the tokens of the prompt a create would send; nothing is generated or stored.",
@@ -393,6 +406,16 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         _BODY_ERRORS,
         body=CreateConversation,
         tags=("conversations",),
+        links=tuple(
+            ((method, path), {"conversation_id": "$response.body#/id"})
+            for method, path in (
+                ("GET", _CONVERSATION),
+                ("POST", _CONVERSATION),
+                ("DELETE", _CONVERSATION),
+                ("POST", _CONVERSATION + "/items"),
+                ("GET", _CONVERSATION + "/items"),
+            )
+        ),
     ),
     ("GET", _CONVERSATION): Operation(
         "Retrieve a conversation.", "Conversation", (404,), tags=("conversations",)
@@ -414,6 +437,16 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         body=NewItems,
         query=(_INCLUDE,),
         tags=("conversations",),
+        links=tuple(
+            (
+                (method, _CONVERSATION + "/items/{item_id}"),
+                {
+                    "conversation_id": "$request.path.conversation_id",
+                    "item_id": "$response.body#/data/0/id",
+                },
+            )
+            for method in ("GET", "DELETE")
+        ),
     ),
     ("GET", _CONVERSATION + "/items"): Operation(
         "List a conversation's items.",
@@ -633,6 +666,14 @@ def _responses(op: Operation, method: str, *, api: bool, keys_required: bool) ->
             }
         }
     responses: dict[str, Any] = {"200": {"description": op.summary, "content": content}}
+    if op.links:
+        responses["200"]["links"] = {
+            _operation_id(*target): {
+                "operationId": _operation_id(*target),
+                "parameters": dict(params),
+            }
+            for target, params in op.links
+        }
     statuses = set(op.errors) | {400, 403}  # app.browser's Host and Origin checks, on every route
     if method == "POST":
         statuses.add(415)  # a body that is not sent as application/json (app.browser)

@@ -68,6 +68,17 @@ def test_every_route_and_method_is_in_the_document_and_nothing_else() -> None:
     assert documented == _served()
     assert set(OPERATIONS) == _served()  # no entry for a route that is not served
     assert doc["openapi"] == "3.1.0"
+    operations = {
+        op["operationId"]: op for path_ops in doc["paths"].values() for op in path_ops.values()
+    }
+    linked = 0
+    for op in operations.values():  # links name real operations and exactly their path ids
+        for link in op["responses"]["200"].get("links", {}).values():
+            target = operations[link["operationId"]]
+            names = {p["name"] for p in target.get("parameters", []) if p["in"] == "path"}
+            assert set(link["parameters"]) == names, link
+            linked += 1
+    assert linked == 12
     for schema in doc["components"]["schemas"].values():  # 3.1's Schema Object: JSON Schema 2020-12
         Draft202012Validator.check_schema(schema)
 
