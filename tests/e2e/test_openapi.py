@@ -2,16 +2,17 @@
 real server (API keys off, then on) finds no 5xx and no answer the document does not describe.
 
 The fuzz run is bounded: :data:`EXAMPLES` cases per operation and server (positive and negative
-data mixed), from a fixed seed, no shrinking. Half the cases are pointed at objects that exist
-(a response, a background response, a conversation and its item, made first), and their
-``model`` is the served one, so the run reaches past the 404s and the model check.
+data mixed; ``OPENAPI_EXAMPLES=200`` for a longer run), from a fixed seed, no shrinking. Half
+the cases are pointed at objects that exist (a response, a background response, a conversation
+and its item, made first), and their ``model`` is the served one, so the run reaches past the
+404s and the model check. Fixed cases add the streams and app.browser's refusals.
 """
 
 from __future__ import annotations
 
 import os
 import random
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,7 @@ from schemathesis.checks import (
     status_code_conformance,
 )
 from schemathesis.core.failures import FailureGroup
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
 
 from app.encoding import load_encoding
 from app.engines.echo import EchoEngine
@@ -53,12 +54,17 @@ CHECKS = [
 ]
 
 
-def _served() -> set[tuple[str, str]]:
-    """The route table's (method, path) pairs, read here without app.openapi's help."""
+def _served(table: Sequence[BaseRoute] = routes, prefix: str = "") -> set[tuple[str, str]]:
+    """The route table's (method, path) pairs, read here without app.openapi's help: HTTP
+    routes, those under a Mount with its prefix; a WebSocket route is no HTTP operation."""
     pairs = set()
-    for route in routes:
-        assert isinstance(route, Route), route
-        pairs |= {(method, route.path) for method in route.methods or () if method != "HEAD"}
+    for route in table:
+        if isinstance(route, Mount):
+            pairs |= _served(route.routes, prefix + route.path)
+        elif not isinstance(route, WebSocketRoute):
+            assert isinstance(route, Route), route
+            path = prefix + route.path
+            pairs |= {(method, path) for method in route.methods or () if method != "HEAD"}
     return pairs
 
 
@@ -98,6 +104,11 @@ def test_a_route_without_an_operation_is_refused_not_left_out() -> None:
 
     with pytest.raises(Undocumented, match="GET /v1/new is served"):
         document([*routes, Route("/v1/new", endpoint, methods=["GET"])], keys_required=False)
+    with pytest.raises(Undocumented, match="GET /ui/page is served"):  # under a Mount too
+        document([*routes, Mount("/ui", routes=[Route("/page", endpoint)])], keys_required=False)
+    # a WebSocket route is no HTTP operation: left out, not refused
+    with_ws = document([*routes, WebSocketRoute("/v1/responses", endpoint)], keys_required=False)
+    assert with_ws == document(routes, keys_required=False)
 
 
 def test_the_request_bodies_come_from_the_wire_models_and_the_contract() -> None:
