@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from app import input_tokens, transport
+from app import input_tokens, openapi, transport
 from app.body import json_body
 from app.contract import check_request
 from app.conversation_routes import routes as conversation_routes
@@ -330,4 +330,6 @@ routes = [
     Route("/health/live", guard(live), methods=["GET"]),
     Route("/health/ready", guard(ready), methods=["GET"]),
     *ui_routes,  # /ui, the audit page (app.ui)
+    # the OpenAPI document of these routes (app.openapi: add an Operation there for a new route)
+    Route("/openapi.json", guard(openapi.serve), methods=["GET"]),
 ]
