@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from app import item_refs
 from app.contract import SERVICE_TIERS
-from app.engines.protocol import EngineError, Sampling
+from app.engines.protocol import EngineError, PromptTooLong, Sampling
 from app.errors import APIError
 from app.reasoning_crypto import COMPACTION
 from app.wire import CreateResponse
@@ -74,7 +74,8 @@ COMPACT_FIELDS = frozenset(
         "service_tier",
     }
 )
-#: Most tokens the model may spend on a summary (its reasoning included).
+#: Most tokens the model may spend on a summary (its reasoning included); fewer when the context
+#: window has less room left after the summarisation prompt.
 SUMMARY_MAX_TOKENS = 4096
 
 
@@ -143,10 +144,14 @@ class Compactions:
         asked = request.model_copy(update={"tool_choice": "none", "text": None, "truncation": None})
         references = await item_refs.resolve(service.store, project, context)
         rendered, _ = await service._render(asked, [], summarisation_items(context), references)
-        if not service._fits(SUMMARY_MAX_TOKENS, rendered):
-            service._sampling(asked, rendered, len(rendered.token_ids))  # context_length_exceeded
+        prompt_len = len(rendered.token_ids)
+        limit = service.engine.max_model_len
+        room = SUMMARY_MAX_TOKENS if limit is None else min(SUMMARY_MAX_TOKENS, limit - prompt_len)
+        if room < 1:
+            assert limit is not None
+            raise PromptTooLong(prompt_len, None, limit)
         sampling = Sampling(
-            max_tokens=SUMMARY_MAX_TOKENS,
+            max_tokens=room,
             temperature=request.temperature,
             top_p=request.top_p,
             seed=request.seed,
