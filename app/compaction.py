@@ -111,8 +111,10 @@ class Step:
     """The compaction done inside a response: what the answer is generated from next."""
 
     usage: Usage
-    #: Why the compaction failed (the response then fails with it), or None.
+    #: Why the compaction failed (the response then ends with it), or None.
     error: str | None = None
+    #: The engine's finish reason when it failed: ``abort`` (a cancel, a drain) or ``error``.
+    finish_reason: str = "error"
     prompt: RenderedPrompt | None = None
     sampling: Sampling | None = None
 
@@ -164,6 +166,8 @@ class Compactions:
             output.extend(chunk.token_ids)
             if chunk.finish_reason is not None:
                 finish_reason = chunk.finish_reason
+                if finish_reason == "abort":
+                    raise _Aborted("the summary was aborted")
                 if finish_reason not in ("stop", "length"):
                     raise EngineError(chunk.error or f"the engine stopped ({finish_reason})")
                 break
@@ -294,13 +298,13 @@ class Compactions:
         builder.open_compaction()
         writer.push(builder.take())
         try:
-            summary = await self.summarise(
-                plan.request, plan.context, run.engine_request_id + "-compaction", project=plan.project
-            )
+            # under the response's engine request id: a cancel or a drain aborts the summary
+            summary = await self.summarise(plan.request, plan.context, run.engine_request_id, project=plan.project)
         except (NoSummary, EngineError) as exc:
             builder.close_item("incomplete")
             writer.push(builder.take())
-            return Step(usage=Usage(), error=f"The context could not be compacted: {exc}")
+            reason = "abort" if isinstance(exc, _Aborted) else "error"
+            return Step(usage=Usage(), error=f"The context could not be compacted: {exc}", finish_reason=reason)
         item = builder.close_compaction(self.seal(summary.text))
         writer.push(builder.take())
         if run.store:
@@ -321,6 +325,10 @@ class Compactions:
         rendered, _ = await service._render(request, [], items, references)
         sampling = service._sampling(request, rendered, len(rendered.token_ids))
         return Step(usage=summary.usage, prompt=rendered, sampling=sampling)
+
+
+class _Aborted(EngineError):
+    """The engine aborted the summary (the response was cancelled, or the server drains)."""
 
 
 def _resolved(item: dict[str, Any], references: Mapping[str, dict[str, Any]]) -> dict[str, Any] | None:

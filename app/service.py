@@ -534,8 +534,10 @@ class ResponseService:
                 if compaction is not None:
                     step = await self.compactions.run(compaction, builder, writer, run)
                     compacted = step.usage
+                    if step.prompt is None:  # nothing more is generated: no prefilled call either
+                        new_decoder = functools.partial(HarmonyDecoder, self.encoding, builder)
                     if step.error is not None:
-                        finish_reason, engine_error = "error", step.error
+                        finish_reason, engine_error = step.finish_reason, step.error
                     elif step.prompt is None:  # a compaction_trigger: the item is the output
                         finish_reason, prompt_ids = "stop", ()
                     else:

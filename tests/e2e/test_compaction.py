@@ -192,3 +192,22 @@ def test_what_cannot_be_compacted_is_refused(client: OpenAI, path: str, body: di
     error: Any = caught.value.body
     assert caught.value.status_code in (400, 404), error
     assert error["param"] == param, error
+
+
+def test_a_trigger_with_a_forced_tool_choice_still_gives_only_the_compaction_item(
+    client: OpenAI, engine: ScriptedEngine
+) -> None:
+    tool = {"type": "function", "name": "lookup", "parameters": {"type": "object", "properties": {}}}
+    engine.add_turns({"completion": harmony(("final", "SUMMARY-forced"))})
+    response = client.responses.create(
+        model=MODEL,
+        input=[*HISTORY, {"type": "compaction_trigger"}],
+        tools=[tool],  # type: ignore[list-item]
+        tool_choice={"type": "function", "name": "lookup"},
+        store=False,
+    )
+    assert response.status == "completed"
+    assert [o.type for o in response.output] == ["compaction"]
+    summarised = _prompt(engine)
+    assert summarised.endswith("<|start|>assistant")  # no tool offered, no call pre-filled
+    assert "functions.lookup" not in summarised.split(SUMMARY_PROMPT)[-1]
