@@ -14,7 +14,8 @@ Three ways in:
   ``compact`` has no ``store``); the caller sends the output back as the next turn's input.
 - a final ``compaction_trigger`` input item on ``POST /v1/responses`` (Codex's remote compaction
   v2): the response's output is exactly one compaction item of the context before the trigger,
-  streamed as ``output_item.added`` then ``output_item.done``; no answer is generated.
+  streamed as ``output_item.added``, ``response.compaction.compacting`` (once the engine samples
+  the summary) and ``output_item.done``; no answer is generated.
 - ``context_management: [{"type": "compaction", "compact_threshold": N}]``: when the rendered
   prompt has more than N tokens, the response's first output item is a compaction item, and the
   answer is generated from the compacted context (the user messages and the summary).
@@ -137,11 +138,17 @@ class Compactions:
     # -- the summary -----------------------------------------------------------------------------
 
     async def summarise(
-        self, request: CreateResponse, context: list[dict[str, Any]], request_id: str, *, project: str
+        self,
+        request: CreateResponse,
+        context: list[dict[str, Any]],
+        request_id: str,
+        *,
+        project: str,
+        sampled: Callable[[], None] | None = None,
     ) -> Summary:
         """The model's summary of ``context`` (rendered with ``request``'s instructions, tools
         declared but not offered, and reasoning effort). :class:`NoSummary` when it wrote none;
-        the engine's errors as they come."""
+        the engine's errors as they come. ``sampled`` is called when the first tokens come."""
         service = self._service
         asked = request.model_copy(update={"tool_choice": "none", "text": None, "truncation": None})
         references = await item_refs.resolve(service.store, project, context)
@@ -163,6 +170,8 @@ class Compactions:
         output: list[int] = []
         finish_reason: str | None = None
         async for chunk in service.engine.generate(rendered.token_ids, sampling, request_id):
+            if chunk.token_ids and not output and sampled is not None:
+                sampled()
             output.extend(chunk.token_ids)
             if chunk.finish_reason is not None:
                 finish_reason = chunk.finish_reason
@@ -297,9 +306,16 @@ class Compactions:
         service = self._service
         builder.open_compaction()
         writer.push(builder.take())
+
+        def compacting() -> None:  # ``response.compaction.compacting``, once sampling began
+            builder.compacting()
+            writer.push(builder.take())
+
         try:
             # under the response's engine request id: a cancel or a drain aborts the summary
-            summary = await self.summarise(plan.request, plan.context, run.engine_request_id, project=plan.project)
+            summary = await self.summarise(
+                plan.request, plan.context, run.engine_request_id, project=plan.project, sampled=compacting
+            )
         except (NoSummary, EngineError) as exc:
             builder.close_item("incomplete")
             writer.push(builder.take())

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from domain.events import (
+    CompactionCompacting,
     ContentPartAdded,
     ContentPartDone,
     CustomToolCallInputDelta,
@@ -281,6 +282,14 @@ class ResponseBuilder:
         item: Json = {"id": self._new_id("cmp"), "type": "compaction"}
         self._add(item)
         return str(item["id"])
+
+    def compacting(self) -> None:
+        """``response.compaction.compacting``: the summary of the open compaction item is being
+        written (the event carries none of it)."""
+        opened = self._open
+        if opened is None or opened.kind != "compaction":
+            raise ValueError("compacting() needs an open compaction item")
+        self._emit(CompactionCompacting(self._seq, opened.item_id, opened.index))
 
     def close_compaction(self, encrypted_content: str) -> Json:
         """Closes the open ``compaction`` item with its sealed summary."""

@@ -22,6 +22,7 @@ Rules (``InvariantViolation.rule``):
 - ``content_index_not_dense``: parts of an item are numbered 0, 1, ... and restart per item.
 - ``part_not_open`` / ``part_still_open``: text events need an open part; parts close before items.
 - ``item_id_changed`` / ``call_id_changed``: ids minted at ``added`` never change.
+- ``response.compaction.compacting`` only for the open compaction item.
 - ``done_differs_from_deltas``: every ``.done`` value equals the concatenation of its deltas.
 """
 
@@ -33,6 +34,7 @@ from typing import Any, NamedTuple, assert_never
 
 from domain.errors import InvariantViolation
 from domain.events import (
+    CompactionCompacting,
     ContentPartAdded,
     ContentPartDone,
     CustomToolCallInputDelta,
@@ -382,6 +384,11 @@ def apply(state: LogState, event: Event) -> LogState:
             )
             _check_done(item.parts[-1], event.input, event.type)
             return state._replace(open_item=item._replace(text_done=True))
+        case CompactionCompacting():
+            item = _open_item(state, event.item_id, event.output_index, event.type)
+            if item.item_type != "compaction":
+                raise _fail("wrong_event_for_item", f"{event.type} for a {item.item_type} item")
+            return state
         case _:
             assert_never(event)
 

@@ -18,8 +18,9 @@ from domain.compaction import (
     summary_of,
     superseded,
 )
-from domain.errors import InvalidInput
-from domain.machine import check_log
+from domain.errors import InvalidInput, InvariantViolation
+from domain.events import CompactionCompacting, OutputItemAdded, ResponseCreated
+from domain.machine import apply, check_log
 from domain.projections import fold
 from domain.prompt import PromptRequest, render_prompt
 
@@ -96,6 +97,7 @@ def test_a_compaction_item_is_a_valid_log_item_without_deltas() -> None:
     builder.created()
     builder.in_progress()
     item_id = builder.open_compaction()
+    builder.compacting()
     builder.close_compaction("blob")
     builder.open_message()
     builder.append("answer")
@@ -106,3 +108,19 @@ def test_a_compaction_item_is_a_valid_log_item_without_deltas() -> None:
     assert added[0].item == {"id": item_id, "type": "compaction"}  # type: ignore[attr-defined]
     assert final["output"][0] == {"id": item_id, "type": "compaction", "encrypted_content": "blob"}
     assert fold(events)["output"] == final["output"]
+    assert [e.type for e in events][3] == "response.compaction.compacting"
+
+
+def test_compacting_is_only_for_an_open_compaction_item() -> None:
+    state = check_log(
+        [
+            ResponseCreated(0, {"id": "r", "status": "in_progress", "output": []}),
+            OutputItemAdded(1, 0, {"id": "msg_1", "type": "message"}),
+        ]
+    )
+    with pytest.raises(InvariantViolation) as caught:
+        apply(state, CompactionCompacting(2, "msg_1", 0))
+    assert caught.value.rule == "wrong_event_for_item"
+    with pytest.raises(InvariantViolation) as caught:
+        apply(state, CompactionCompacting(2, "cmp_other", 0))
+    assert caught.value.rule == "delta_for_closed_item"

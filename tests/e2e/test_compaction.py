@@ -15,7 +15,8 @@ from openai import OpenAI
 from app.encoding import load_encoding
 from app.engines.scripted import ScriptedEngine
 from domain.compaction import SUMMARY_HEADER, SUMMARY_PROMPT
-from tests.e2e.conftest import MODEL, harmony
+from tests.e2e.conftest import MODEL, harmony, sse_events
+from tests.support.stream_checker import check_stream
 
 HISTORY: list[Any] = [
     {"role": "user", "content": "My cat is called Mirabelle."},
@@ -124,6 +125,17 @@ def test_a_compaction_trigger_streams_exactly_one_compaction_item(
     done = [e for e in events if e.type == "response.output_item.done"]
     assert [e.item.type for e in added] == ["compaction"] and [e.item.type for e in done] == ["compaction"]
     assert added[0].item.id == done[0].item.id and done[0].item.encrypted_content
+    assert [e.type for e in events] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.compaction.compacting",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    compacting = events[3]
+    assert (compacting.item_id, compacting.output_index) == (added[0].item.id, 0)  # type: ignore[union-attr]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
     final = events[-1]
     assert final.type == "response.completed"
     assert [o.type for o in final.response.output] == ["compaction"]
@@ -211,3 +223,15 @@ def test_a_trigger_with_a_forced_tool_choice_still_gives_only_the_compaction_ite
     summarised = _prompt(engine)
     assert summarised.endswith("<|start|>assistant")  # no tool offered, no call pre-filled
     assert "functions.lookup" not in summarised.split(SUMMARY_PROMPT)[-1]
+
+
+def test_a_triggered_stream_passes_the_stream_checker_and_the_sdk_types(
+    ledger: Any, engine: ScriptedEngine
+) -> None:
+    engine.add_turns({"completion": harmony(("analysis", "hmm"), ("final", "SUMMARY-raw"))})
+    body = {"model": MODEL, "input": [*HISTORY, {"type": "compaction_trigger"}], "stream": True}
+    with httpx.stream("POST", f"{ledger.base_url}/v1/responses", json=body, timeout=60) as r:
+        assert r.status_code == 200
+        events = sse_events(r.read())
+    final = check_stream(events)  # every event an SDK stream event type, in a valid order
+    assert [o["type"] for o in final["output"]] == ["compaction"]
