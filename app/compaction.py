@@ -34,7 +34,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from app import item_refs
-from app.contract import SERVICE_TIERS
+from app.contract import check_request
 from app.engines.protocol import EngineError, PromptTooLong, Sampling
 from app.errors import APIError
 from app.reasoning_crypto import COMPACTION
@@ -61,7 +61,9 @@ if TYPE_CHECKING:
 
 __all__ = ["COMPACT_FIELDS", "Compactions", "Plan", "Step", "Summary"]
 
-#: The body fields of openai-python 3.57's ``ResponseCompactParams``.
+#: The body fields of openai-python 3.57's ``ResponseCompactParams``, and those the Codex CLI's
+#: compaction request adds (``codex-api``'s ``CompactionInput``: the turn's ``tools``,
+#: ``parallel_tool_calls``, ``reasoning`` and ``text``).
 COMPACT_FIELDS = frozenset(
     {
         "image",
@@ -73,7 +75,28 @@ COMPACT_FIELDS = frozenset(
         "prompt_cache_options",
         "prompt_cache_retention",
         "service_tier",
+        "tools",
+        "parallel_tool_calls",
+        "reasoning",
+        "text",
     }
+)
+#: What ``compact`` takes as create takes it (checked by the same contract and wire model):
+#: the tools are declared to the summarisation prompt (not offered), so that earlier calls render
+#: as they did; ``reasoning.effort`` is the summary's; ``text`` is checked and does not bind the
+#: summary (free text).
+_AS_CREATE = (
+    "model",
+    "input",
+    "instructions",
+    "previous_response_id",
+    "tools",
+    "parallel_tool_calls",
+    "reasoning",
+    "text",
+    "service_tier",
+    "prompt_cache_key",
+    "prompt_cache_retention",
 )
 #: Most tokens the model may spend on a summary (its reasoning included); fewer when the context
 #: window has less room left after the summarisation prompt.
@@ -209,12 +232,10 @@ class Compactions:
                 raise APIError(
                     400, f"Unrecognized request argument supplied: {name}", param=name, code="unknown_parameter"
                 )
-        tier = body.get("service_tier")
-        if tier is not None and tier not in SERVICE_TIERS:
-            raise _invalid("service_tier", f"Invalid value for 'service_tier': {tier!r}.")
         service = self._service
         service.check_accepting()
-        fields = {k: body[k] for k in ("model", "input", "instructions", "previous_response_id") if k in body}
+        fields = {k: body[k] for k in _AS_CREATE if k in body}
+        check_request(fields)
         if not fields.get("model"):
             raise APIError(400, "Missing required parameter: 'model'.", param="model", code="missing_required_parameter")
         request = CreateResponse.model_validate({**fields, "input": fields.get("input") or [], "store": False})

@@ -235,3 +235,34 @@ def test_a_triggered_stream_passes_the_stream_checker_and_the_sdk_types(
         events = sse_events(r.read())
     final = check_stream(events)  # every event an SDK stream event type, in a valid order
     assert [o["type"] for o in final["output"]] == ["compaction"]
+
+
+def test_compact_takes_the_codex_clis_body(client: OpenAI, engine: ScriptedEngine) -> None:
+    """Codex's ``CompactionInput``: the turn's tools, parallel_tool_calls, reasoning and text too;
+    the tools are declared so that the history's calls render, and none is offered."""
+    tool = {"type": "function", "name": "shell", "parameters": {"type": "object", "properties": {}}}
+    history = [
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "List files."}]},
+        {"type": "function_call", "call_id": "call_1", "name": "shell", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "call_1", "output": "README.md"},
+    ]
+    engine.add_turns({"completion": harmony(("final", "SUMMARY-codex"))})
+    compacted = client.responses.compact(
+        model=MODEL,
+        input=history,  # type: ignore[arg-type]
+        instructions="You are Codex.",
+        prompt_cache_key="thread-1",
+        extra_body={
+            "tools": [tool],
+            "parallel_tool_calls": False,
+            "reasoning": {"effort": "low"},
+            "text": {"verbosity": "low"},
+        },
+    )
+    assert [o.type for o in compacted.output] == ["message", "compaction"]
+    prompt = _prompt(engine)
+    assert "functions.shell" in prompt and "README.md" in prompt and "Reasoning: low" in prompt
+    assert "namespace functions" not in prompt  # declared for the history, not offered
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.responses.compact(model=MODEL, input="x", extra_body={"tools": [{"type": "web_search"}]})
+    assert caught.value.body["param"] == "tools[0].type"  # type: ignore[index]
