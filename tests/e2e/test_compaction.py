@@ -266,3 +266,27 @@ def test_compact_takes_the_codex_clis_body(client: OpenAI, engine: ScriptedEngin
     with pytest.raises(openai.BadRequestError) as caught:
         client.responses.compact(model=MODEL, input="x", extra_body={"tools": [{"type": "web_search"}]})
     assert caught.value.body["param"] == "tools[0].type"  # type: ignore[index]
+
+
+def test_a_conversation_keeps_its_compaction(client: OpenAI, engine: ScriptedEngine) -> None:
+    conversation = client.conversations.create(items=HISTORY)
+    engine.add_turns({"completion": harmony(("final", "SUMMARY-conversation"))})
+    compacted = client.responses.create(
+        model=MODEL, input=[{"type": "compaction_trigger"}], conversation=conversation.id
+    )
+    assert [o.type for o in compacted.output] == ["compaction"]
+    assert "A lovely name" in _prompt(engine)  # the conversation's items were summarised
+    engine.add_turns({"completion": harmony(("final", "ok"))})
+    client.responses.create(model=MODEL, input="Her age?", conversation=conversation.id)
+    prompt = _prompt(engine)
+    assert "SUMMARY-conversation" in prompt and "A lovely name" not in prompt
+    kinds = [i.type for i in client.conversations.items.list(conversation.id, order="asc")]
+    assert kinds[-4:] == ["compaction_trigger", "compaction", "message", "message"]
+
+
+def test_a_default_threshold_needs_an_engine_that_knows_its_context_window(client: OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.responses.create(
+            model=MODEL, input="x", extra_body={"context_management": [{"type": "compaction"}]}
+        )
+    assert caught.value.body["param"] == "context_management[0].compact_threshold"  # type: ignore[index]
