@@ -38,6 +38,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--script", help="the scripted engine's JSON file")
     serve.add_argument("--commit-window-ms", type=float)
     serve.add_argument("--log-level")
+    serve.add_argument(
+        "--frontends", type=int, help="frontend processes on the one port over one engine (default 1)"
+    )
     # --model, --served-model-name and the vLLM engine options (vllm is imported only when the
     # vllm engine starts, so this works without it installed)
     add_engine_arguments(serve)
@@ -92,9 +95,14 @@ def _serve(args: argparse.Namespace) -> None:
         served_model_names=tuple(served) if served else None,
         commit_window_ms=args.commit_window_ms,
         log_level=args.log_level,
+        frontends=args.frontends,
         engine_options=engine_options or None,
     )
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if settings.frontends != 1:
+        from app import frontends
+
+        sys.exit(frontends.serve(settings))
     app = create_app(settings)
     transport.run(app, settings)
 
@@ -107,6 +115,7 @@ async def _open(url: str | None) -> Any:
 
 
 async def _events(response_id: str, url: str | None, *, replay: bool) -> int:
+    from app.audit_log import log_lines
     from app.live import stored_frames
 
     store = await _open(url)
@@ -119,12 +128,7 @@ async def _events(response_id: str, url: str | None, *, replay: bool) -> int:
         if replay:
             out.write(stored_frames(events))
         else:
-            for e in events:
-                line = {"seq": e.seq, "type": e.type, "payload": e.payload}
-                out.write(json.dumps(line, ensure_ascii=False).encode() + b"\n")
-            for record in await store.load_audit(response_id):
-                line = {"audit": record.kind, "token_ids": list(record.token_ids), "detail": record.detail}
-                out.write(json.dumps(line).encode() + b"\n")
+            out.writelines(log_lines(events, await store.load_audit(response_id)))
         out.flush()
         return 0
     finally:

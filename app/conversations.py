@@ -22,7 +22,9 @@ like a missing one.
   conversation. A response that ends ``failed`` or ``cancelled`` appends nothing, so a client
   can retry the same input without doubling it. (OpenAI appends "after the response
   completes".) Turns are appended in the order their responses end. A response continued by a
-  takeover on another replica does not append its turn.
+  takeover on another replica appends its turn when it ends there (``turn_of``: the stored
+  request names the conversation; ids the conversation already holds are skipped, so a turn
+  its first owner appended just before dying is not appended twice).
 """
 
 from __future__ import annotations
@@ -40,13 +42,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from app.contract import INCLUDES
 from app.errors import APIError, not_found
 from app.reasoning_crypto import COMPACTION, ReasoningCipher
-from app.wire import check_metadata, list_page
+from app.wire import ITEMS_SCHEMA, METADATA_SCHEMA, check_metadata, list_page
 from domain.errors import InvalidInput
 from domain.projections import output_as_input
 from domain.prompt import PromptRequest, render_prompt
 from persistence.conversations import ConversationRow, DuplicateItem
 from persistence.errors import NotFound
-from persistence.records import dump_json
+from persistence.records import ResponseRow, dump_json
 from persistence.store import EventStore
 
 __all__ = [
@@ -70,22 +72,26 @@ _APPENDED = frozenset({"completed", "incomplete"})
 
 class CreateConversation(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    items: list[dict[str, Any]] | None = Field(default=None, max_length=MAX_ITEMS)
-    metadata: dict[str, str] | None = None
+    items: list[dict[str, Any]] | None = Field(
+        default=None, max_length=MAX_ITEMS, json_schema_extra=ITEMS_SCHEMA
+    )
+    metadata: dict[str, str] | None = Field(default=None, json_schema_extra=METADATA_SCHEMA)
 
     _metadata = field_validator("metadata")(check_metadata)
 
 
 class UpdateConversation(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    metadata: dict[str, str]
+    metadata: dict[str, str] = Field(json_schema_extra=METADATA_SCHEMA)
 
     _metadata = field_validator("metadata")(check_metadata)
 
 
 class NewItems(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    items: list[dict[str, Any]] = Field(min_length=1, max_length=MAX_ITEMS)
+    items: list[dict[str, Any]] = Field(
+        min_length=1, max_length=MAX_ITEMS, json_schema_extra=ITEMS_SCHEMA
+    )
 
 
 def conversation_param(value: Any, previous_response_id: str | None) -> str | None:
@@ -239,6 +245,19 @@ class Conversations:
         except NotFound:
             raise not_found("Conversation", conversation_id, param="conversation") from None
         return [output_as_input(item) for item in items]
+
+    async def turn_of(self, row: ResponseRow) -> ConversationTurn | None:
+        """The turn a stored response owes its conversation (None if it names none): what a
+        takeover continuing it on another replica appends when it ends, as its first owner
+        would have."""
+        conversation = row.request.get("conversation")
+        if isinstance(conversation, dict):
+            conversation = conversation.get("id")
+        if not isinstance(conversation, str) or not conversation:
+            return None
+        # every input item in one page (a request body's size bounds how many it has)
+        items, _ = await self._store.list_input_items(row.id, after=None, limit=1 << 20, order="asc")
+        return ConversationTurn(conversation, row.project, items)
 
     async def record(self, turn: ConversationTurn, response_id: str, final: dict[str, Any]) -> None:
         """Append the turn of a response that ended (see the module docstring: only a

@@ -124,6 +124,8 @@ class Settings:
     #: A connection whose client reads nothing for this many seconds is closed.
     send_stall_s: float = 60.0
     log_level: str = "info"
+    #: Frontend processes on one port over one engine (``app.frontends``); 1: this process alone.
+    frontends: int = 1
     #: Garbage collector tuning, applied once start-up is done: everything alive then is frozen
     #: (``gc.freeze``: never scanned again) and the thresholds are set to this. Streaming makes
     #: several container objects per token; with Python's default (700, 10, 10) the collector
@@ -196,6 +198,7 @@ class Settings:
             "RESPONSES_LEDGER_SEND_BUFFER_BYTES": ("send_buffer_bytes", int),
             "RESPONSES_LEDGER_SEND_STALL_S": ("send_stall_s", float),
             "RESPONSES_LEDGER_LOG_LEVEL": ("log_level", str),
+            "RESPONSES_LEDGER_FRONTENDS": ("frontends", int),
             "RESPONSES_LEDGER_API_KEY": ("api_key", str),
             "RESPONSES_LEDGER_REQUIRE_API_KEY": ("require_api_key", _bool),
             "RESPONSES_LEDGER_RUN_OPEN": ("run_open", _bool),
