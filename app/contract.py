@@ -124,8 +124,11 @@ PARAMETERS: tuple[Parameter, ...] = (
     ),
     Parameter(
         "context_management",
-        "refused",
-        "The server does not compact conversations; use `truncation` or a shorter history.",
+        "honoured",
+        '`[{"type": "compaction", "compact_threshold": N}]`: a prompt of more than N tokens is '
+        "compacted first (the model summarises it; the first output item is the `compaction` "
+        "item) and the answer is generated from the compacted context; N null is 80 % of the "
+        "context window.",
     ),
     Parameter(
         "conversation",
@@ -527,10 +530,34 @@ def _choices(values: Any) -> str:
     return ", ".join(f"'{v}'" for v in values)
 
 
+def _check_context_management(value: Any) -> None:
+    """``context_management``: a list of ``{"type": "compaction", "compact_threshold": N}``
+    (at most one; N a positive integer, or null for 80 % of the engine's context window)."""
+    if not isinstance(value, list):
+        raise _invalid("context_management", "'context_management' must be an array.")
+    if len(value) > 1:
+        raise _invalid("context_management", "'context_management' takes one compaction entry.")
+    for index, entry in enumerate(value):
+        param = f"context_management[{index}]"
+        if not isinstance(entry, dict):
+            raise _invalid(param, f"'{param}' must be an object.")
+        for key in entry:
+            if key not in ("type", "compact_threshold"):
+                raise _invalid(f"{param}.{key}", f"Unknown parameter: '{param}.{key}'.", "unknown_parameter")
+        if entry.get("type") != "compaction":
+            raise _invalid(f"{param}.type", "Only context management of type 'compaction' is supported.")
+        threshold = entry.get("compact_threshold")
+        if threshold is not None and (
+            isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 1
+        ):
+            raise _invalid(f"{param}.compact_threshold", "'compact_threshold' must be a positive integer.")
+
+
 _CHECKS: Mapping[str, Callable[[Any], None]] = {
     "tools": _check_tools,
     "include": _check_include,
     "text": _check_text,
     "service_tier": _check_service_tier,
     "background_options": _check_background_options,
+    "context_management": _check_context_management,
 }

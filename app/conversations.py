@@ -30,6 +30,7 @@ like a missing one.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -40,7 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from app.contract import INCLUDES
 from app.errors import APIError, not_found
-from app.reasoning_crypto import ReasoningCipher
+from app.reasoning_crypto import COMPACTION, ReasoningCipher
 from app.wire import ITEMS_SCHEMA, METADATA_SCHEMA, check_metadata, list_page
 from domain.errors import InvalidInput
 from domain.projections import output_as_input
@@ -316,6 +317,7 @@ class Conversations:
                     items=[*history, *items],
                     history_length=len(history),
                     decrypt=self._cipher.decrypt,
+                    decrypt_compaction=functools.partial(self._cipher.decrypt, purpose=COMPACTION),
                 ),
             )
         except InvalidInput as exc:

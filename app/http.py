@@ -241,6 +241,13 @@ async def count_input_tokens(request: Request) -> Response:
     return JSONResponse(await input_tokens.count(service, body, project=caller_of(request).project))
 
 
+async def compact_response(request: Request) -> Response:
+    """``POST /v1/responses/compact`` (``app.compaction``)."""
+    service = _service(request)
+    body = await json_body(request, service.settings.max_body_bytes)
+    return JSONResponse(await service.compactions.compact(body, project=caller_of(request).project))
+
+
 async def unknown_action(request: Request) -> Response:
     """``POST /v1/responses/{name}``: OpenAI's actions on responses are POSTs to a name under
     ``/v1/responses/`` (``input_tokens``, ``compact``); one this server does not serve is an
@@ -315,6 +322,7 @@ async def ready(request: Request) -> Response:
 routes = [
     Route("/v1/responses", guard(create_response), methods=["POST"]),
     Route("/v1/responses/input_tokens", guard(count_input_tokens), methods=["POST"]),
+    Route("/v1/responses/compact", guard(compact_response), methods=["POST"]),
     # scoped: another project's response is 404, exactly like a missing one (app.ownership);
     # guard: whatever a route raises is an OpenAI-shaped answer (app.errors)
     Route("/v1/responses/{response_id}", guard(scoped(get_response)), methods=["GET"]),

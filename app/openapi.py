@@ -49,6 +49,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 
+from app.compaction import COMPACT_FIELDS
 from app.contract import INCLUDES as ITEM_INCLUDES
 from app.contract import PARAMETERS, RESPONSE_FIELDS
 from app.conversations import CreateConversation, NewItems, UpdateConversation
@@ -230,6 +231,26 @@ SCHEMAS: dict[str, dict[str, Any]] = {
             },
         },
     },
+    "CompactedResponse": {
+        "description": "The compacted context: its user messages, then one compaction item.",
+        "type": "object",
+        "required": ["id", "object", "created_at", "output", "usage"],
+        "properties": {
+            "id": {"type": "string"},
+            "object": {"const": "response.compaction"},
+            "created_at": {"type": "integer"},
+            "output": {"type": "array", "items": _ref("Item")},
+            "usage": {
+                "type": "object",
+                "required": ["input_tokens", "output_tokens", "total_tokens"],
+                "properties": {
+                    "input_tokens": {"type": "integer"},
+                    "output_tokens": {"type": "integer"},
+                    "total_tokens": {"type": "integer"},
+                },
+            },
+        },
+    },
     "InputTokens": {
         "type": "object",
         "required": ["object", "input_tokens"],
@@ -358,6 +379,15 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         body=CreateResponse,
         body_fields=INPUT_TOKEN_FIELDS,
         body_optional=("model",),
+        tags=("responses",),
+    ),
+    ("POST", "/v1/responses/compact"): Operation(
+        "Compact a context: the model summarises it into a sealed compaction item "
+        "(app.compaction); nothing is stored.",
+        "CompactedResponse",
+        (*_BODY_ERRORS, 404),
+        body=CreateResponse,
+        body_fields=COMPACT_FIELDS,
         tags=("responses",),
     ),
     ("GET", _RESPONSE_ID): Operation(

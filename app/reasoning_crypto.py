@@ -8,7 +8,9 @@ text, so anyone could read or forge it. Here the blob is real authenticated encr
 
 - the key comes from configuration, or is generated once and kept in the database (so restarts
   and replicas agree);
-- the AAD binds the blob to its purpose and version, so a blob made for anything else fails;
+- the AAD binds the blob to its purpose and version, so a blob made for anything else fails
+  (a compaction item's ``encrypted_content``, :mod:`app.compaction`, is sealed by the same cipher
+  for the purpose ``COMPACTION``: a reasoning blob cannot pass for a compaction, nor the reverse);
 - decompression is bounded (``MAX_PLAINTEXT`` bytes) so a small blob cannot expand without limit;
 - any failure (foreign, tampered, truncated, oversized) raises :class:`InvalidEncryptedContent`,
   which the API answers with 400 ``invalid_encrypted_content``.
@@ -26,10 +28,12 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from domain.errors import InvalidInput
 
-__all__ = ["MAX_PLAINTEXT", "InvalidEncryptedContent", "ReasoningCipher", "new_key"]
+__all__ = ["COMPACTION", "MAX_PLAINTEXT", "REASONING", "InvalidEncryptedContent", "ReasoningCipher", "new_key"]
 
 PREFIX = "rlr1."
-_AAD = b"responses-ledger/reasoning/v1"
+#: What a blob was sealed for (its AAD).
+REASONING = b"responses-ledger/reasoning/v1"
+COMPACTION = b"responses-ledger/compaction/v1"
 MAX_PLAINTEXT = 1 << 20  # 1 MiB of reasoning text per item
 _MAX_BLOB = 4 * MAX_PLAINTEXT
 
@@ -53,12 +57,12 @@ class ReasoningCipher:
             raise ValueError("the reasoning key must be 32 bytes")
         self._aead = AESGCM(key)
 
-    def encrypt(self, text: str) -> str:
+    def encrypt(self, text: str, purpose: bytes = REASONING) -> str:
         nonce = os.urandom(12)
-        sealed = self._aead.encrypt(nonce, zlib.compress(text.encode("utf-8")), _AAD)
+        sealed = self._aead.encrypt(nonce, zlib.compress(text.encode("utf-8")), purpose)
         return PREFIX + base64.urlsafe_b64encode(nonce + sealed).decode("ascii")
 
-    def decrypt(self, blob: str) -> str:
+    def decrypt(self, blob: str, purpose: bytes = REASONING) -> str:
         if not isinstance(blob, str) or not blob.startswith(PREFIX):
             raise InvalidEncryptedContent("it was not issued by this server")
         if len(blob) > _MAX_BLOB:
@@ -70,7 +74,7 @@ class ReasoningCipher:
         if len(raw) < 12 + 16:
             raise InvalidEncryptedContent("it is truncated")
         try:
-            compressed = self._aead.decrypt(raw[:12], raw[12:], _AAD)
+            compressed = self._aead.decrypt(raw[:12], raw[12:], purpose)
         except InvalidTag:
             raise InvalidEncryptedContent("it was modified or made with another key") from None
         inflater = zlib.decompressobj()

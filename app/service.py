@@ -29,6 +29,7 @@ from openai_harmony import HarmonyEncoding
 
 from app import constraints, item_refs, offload
 from app.chunked_render import ChunkedEncoding, is_panic, text_size_over
+from app.compaction import Compactions, Plan
 from app.contract import UNSET_FIELDS
 from app.conversations import Conversations, ConversationTurn, conversation_param
 from app.drain import Drain
@@ -54,6 +55,7 @@ from app.tails import TailReads
 from app.takeover import TAKEOVER_FAILED, GenerationSpec, Resumed, Takeovers
 from app.wire import CreateResponse, list_page
 from domain.builder import ResponseBuilder, TerminalStatus, Usage
+from domain.compaction import split_trigger
 from domain.decoder import DecodeResult, HarmonyDecoder
 from domain.events import TERMINAL_TYPES
 from domain.projections import fold, from_wire, output_as_input
@@ -118,7 +120,13 @@ def normalize_input(value: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
     """
     if isinstance(value, str):
         value = [{"type": "message", "role": "user", "content": value}]
-    prefixes = {"message": "msg", "function_call_output": "fco", "custom_tool_call_output": "ctco"}
+    prefixes = {
+        "message": "msg",
+        "function_call_output": "fco",
+        "custom_tool_call_output": "ctco",
+        "compaction": "cmp",
+        "compaction_trigger": "cmpt",
+    }
     items: list[dict[str, Any]] = []
     for original in value:
         item = copy.deepcopy(original)
@@ -185,6 +193,8 @@ class ResponseService:
         self._replicas_task: asyncio.Task[None] | None = None
         #: The Conversations API, and the history and turns of responses naming one.
         self.conversations = Conversations(store, encoding, cipher, new_id=new_id, normalize=normalize_input)
+        #: Compaction: ``/v1/responses/compact``, ``compaction_trigger``, ``context_management``.
+        self.compactions = Compactions(self, new_id=new_id)
 
     # -- models ----------------------------------------------------------------------------------
 
@@ -245,6 +255,9 @@ class ResponseService:
         if request.store or request.previous_response_id or conversation:
             self.check_writable()  # a store=false response without history needs no database
         input_items, rendered, truncated = await self.prompt(request, project, conversation)
+        compaction = await self.compactions.plan(
+            request, input_items, rendered, project=project, conversation=conversation
+        )
         prompt_ids = rendered.token_ids
         sampling = self._sampling(request, rendered, len(prompt_ids))
 
@@ -298,10 +311,11 @@ class ResponseService:
                 new_decoder,
                 prompt_ids,
                 sampling,
-                forced_call=spec.forced_call,
+                forced_call=spec.forced_call and not (compaction is not None and compaction.only),
                 skeleton=skeleton,
                 generation=spec.to_json() | truncation_audit(truncated),
                 turn=ConversationTurn(conversation, project, input_items) if conversation else None,
+                compaction=compaction,
             ),
         )
         return run
@@ -328,8 +342,9 @@ class ResponseService:
         elif conversation:
             history = await self.conversations.history(conversation, project)
         input_items = normalize_input(request.input)
-        references = await item_refs.resolve(self.store, project, [*history, *input_items])
-        rendered, truncated = await self._render(request, history, input_items, references)
+        context, _ = split_trigger(input_items)  # a final compaction_trigger is acted on, not rendered
+        references = await item_refs.resolve(self.store, project, [*history, *context])
+        rendered, truncated = await self._render(request, history, context, references)
         return input_items, rendered, truncated
 
     async def _history(self, previous_response_id: str, project: str) -> list[dict[str, Any]]:
@@ -377,6 +392,7 @@ class ResponseService:
             current_date=datetime.now(UTC).strftime("%Y-%m-%d"),
             history_length=len(history),
             decrypt=self.cipher.decrypt,
+            decrypt_compaction=self.compactions.open,
             resolve_reference=references.get,
             response_format=(request.text or {}).get("format"),
         )
@@ -474,6 +490,7 @@ class ResponseService:
         generation: dict[str, Any] | None = None,
         resumed: Resumed | None = None,
         turn: ConversationTurn | None = None,
+        compaction: Plan | None = None,
     ) -> None:
         """``forced_call``: ``tool_choice`` was ``required`` or named, so a turn that ends without
         calling a tool is not accepted as an answer: it ends ``failed`` (its text is kept).
@@ -482,6 +499,8 @@ class ResponseService:
         decoder are where the log ended, and the engine continues after the logged tokens.
         ``turn``: the conversation the response names; its turn is appended before the terminal
         event is written (``app.conversations``).
+        ``compaction``: the context is compacted first (``app.compaction``): the answer is then
+        generated from the compacted context, or, for a ``compaction_trigger``, not at all.
 
         While the database is failing, generation pauses whenever this response has events
         waiting for a commit (the store retries it); if the store gives up, the run ends with
@@ -499,6 +518,7 @@ class ResponseService:
         output_ids: list[int] = []
         prompt_audit: asyncio.Future[None] | None = None
         engine_prompt: Sequence[int] = prompt_ids
+        compacted = Usage()
         try:
             if resumed is None:
                 builder.created(queued=run.background)
@@ -511,6 +531,20 @@ class ResponseService:
                     await writer.drain()
                 builder.in_progress()
                 assert new_decoder is not None  # only a takeover (``resumed``) has none
+                writer.push(builder.take())
+                if compaction is not None:
+                    step = await self.compactions.run(compaction, builder, writer, run)
+                    compacted = step.usage
+                    if step.prompt is None:  # nothing more is generated: no prefilled call either
+                        new_decoder = functools.partial(HarmonyDecoder, self.encoding, builder)
+                    if step.error is not None:
+                        finish_reason, engine_error = step.finish_reason, step.error
+                    elif step.prompt is None:  # a compaction_trigger: the item is the output
+                        finish_reason, prompt_ids = "stop", ()
+                    else:
+                        assert step.sampling is not None
+                        prompt_ids = engine_prompt = step.prompt.token_ids
+                        sampling = step.sampling
                 decoder = new_decoder()
                 writer.push(builder.take())
                 prompt_audit = (  # written while the engine runs, not before it starts
@@ -585,10 +619,10 @@ class ResponseService:
                     "message": "tool_choice requires a tool call, but the model did not call a tool",
                 }
             usage = Usage(
-                input_tokens=len(prompt_ids),
+                input_tokens=len(prompt_ids) + compacted.input_tokens,
                 cached_tokens=cached,
-                output_tokens=result.output_tokens,
-                reasoning_tokens=result.reasoning_tokens,
+                output_tokens=result.output_tokens + compacted.output_tokens,
+                reasoning_tokens=result.reasoning_tokens + compacted.reasoning_tokens,
             )
             final = builder.finish(
                 status, usage=usage, completed_at=_now(), error=error, incomplete_reason=reason

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from domain.events import (
+    CompactionCompacting,
     ContentPartAdded,
     ContentPartDone,
     CustomToolCallInputDelta,
@@ -276,6 +277,30 @@ class ResponseBuilder:
         self._add(item)
         return str(item["call_id"])
 
+    def open_compaction(self) -> str:
+        """Opens a ``compaction`` item (no content until :meth:`close_compaction`); returns its id."""
+        item: Json = {"id": self._new_id("cmp"), "type": "compaction"}
+        self._add(item)
+        return str(item["id"])
+
+    def compacting(self) -> None:
+        """``response.compaction.compacting``: the summary of the open compaction item is being
+        written (the event carries none of it)."""
+        opened = self._open
+        if opened is None or opened.kind != "compaction":
+            raise ValueError("compacting() needs an open compaction item")
+        self._emit(CompactionCompacting(self._seq, opened.item_id, opened.index))
+
+    def close_compaction(self, encrypted_content: str) -> Json:
+        """Closes the open ``compaction`` item with its sealed summary."""
+        opened = self._open
+        if opened is None or opened.kind != "compaction":
+            raise ValueError("close_compaction() needs an open compaction item")
+        opened.item = {**opened.item, "encrypted_content": encrypted_content}
+        item = self.close_item()
+        assert item is not None
+        return item
+
     def append(self, text: str) -> None:
         """Append text to the open item: message text, reasoning text, call arguments or input."""
         if not text:
@@ -356,6 +381,8 @@ class ResponseBuilder:
                 )
             item["arguments"] = text
             item["status"] = status
+        elif opened.kind == "compaction":
+            item.setdefault("encrypted_content", "")  # cut off before it was sealed: empty
         else:
             if not opened.text_done:
                 self._emit(CustomToolCallInputDone(seq, opened.item_id, opened.index, text))

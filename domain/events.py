@@ -30,6 +30,7 @@ __all__ = [
     "LIFECYCLE_TYPES",
     "TERMINAL_TYPES",
     "AuditRecord",
+    "CompactionCompacting",
     "ContentPartAdded",
     "ContentPartDone",
     "CustomToolCallInputDelta",
@@ -256,6 +257,16 @@ class CustomToolCallInputDone:
     input: str
 
 
+@dataclass(frozen=True, slots=True)
+class CompactionCompacting:
+    """The model is writing a compaction item's summary (it carries none of it)."""
+
+    type: ClassVar[str] = "response.compaction.compacting"
+    sequence_number: int
+    item_id: str
+    output_index: int
+
+
 Terminal: TypeAlias = ResponseCompleted | ResponseIncomplete | ResponseFailed | ResponseCancelled
 
 Event: TypeAlias = (
@@ -278,6 +289,7 @@ Event: TypeAlias = (
     | FunctionCallArgumentsDone
     | CustomToolCallInputDelta
     | CustomToolCallInputDone
+    | CompactionCompacting
 )
 
 _CLASSES: dict[str, type[Any]] = {
@@ -302,6 +314,7 @@ _CLASSES: dict[str, type[Any]] = {
         FunctionCallArgumentsDone,
         CustomToolCallInputDelta,
         CustomToolCallInputDone,
+        CompactionCompacting,
     )
 }
 

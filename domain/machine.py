@@ -15,12 +15,14 @@ Rules (``InvariantViolation.rule``):
 - ``item_already_open``: gpt-oss writes one message at a time, so the ledger opens one item at a
   time (a deliberate narrowing of what the OpenAI stream format allows).
 - ``output_index_not_dense``: the n-th ``output_item.added`` has ``output_index`` n.
-- ``unknown_item_type``: only message, reasoning, function_call and custom_tool_call items.
+- ``unknown_item_type``: only message, reasoning, function_call, custom_tool_call and compaction
+  items (a compaction has no deltas: its sealed content arrives whole with ``output_item.done``).
 - ``delta_for_closed_item``: a delta, part or done event for an item that is not open.
 - ``wrong_event_for_item``: e.g. a text delta for a function call.
 - ``content_index_not_dense``: parts of an item are numbered 0, 1, ... and restart per item.
 - ``part_not_open`` / ``part_still_open``: text events need an open part; parts close before items.
 - ``item_id_changed`` / ``call_id_changed``: ids minted at ``added`` never change.
+- ``response.compaction.compacting`` only for the open compaction item.
 - ``done_differs_from_deltas``: every ``.done`` value equals the concatenation of its deltas.
 """
 
@@ -32,6 +34,7 @@ from typing import Any, NamedTuple, assert_never
 
 from domain.errors import InvariantViolation
 from domain.events import (
+    CompactionCompacting,
     ContentPartAdded,
     ContentPartDone,
     CustomToolCallInputDelta,
@@ -56,7 +59,9 @@ from domain.events import (
 
 __all__ = ["INITIAL", "LogState", "OpenItem", "apply", "check_log"]
 
-ITEM_TYPES = frozenset({"message", "reasoning", "function_call", "custom_tool_call"})
+ITEM_TYPES = frozenset({"message", "reasoning", "function_call", "custom_tool_call", "compaction"})
+#: Items with no streamed text: nothing to fingerprint.
+_OPAQUE = frozenset({"compaction"})
 _PART_TYPE = {"message": "output_text", "reasoning": "reasoning_text"}
 _TERMINAL_STATUS = {
     ResponseCompleted: "completed",
@@ -172,6 +177,8 @@ def _item_texts(item: dict[str, Any]) -> tuple[str, ...]:
         return tuple(part.get("text", "") for part in item.get("content") or ())
     if item["type"] == "function_call":
         return (item.get("arguments", ""),)
+    if item["type"] in _OPAQUE:
+        return ()
     return (item.get("input", ""),)
 
 
@@ -275,7 +282,9 @@ def apply(state: LogState, event: Event) -> LogState:
                 raise _fail("unknown_item_type", f"item type {item_type!r}")
             wire_item = event.item
             parts: tuple[tuple[int, int], ...] = (
-                () if item_type in _PART_TYPE else (fingerprint(_item_texts(wire_item)[0]),)
+                ()
+                if item_type in _PART_TYPE or item_type in _OPAQUE
+                else (fingerprint(_item_texts(wire_item)[0]),)
             )
             return state._replace(
                 items_added=state.items_added + 1,
@@ -375,6 +384,11 @@ def apply(state: LogState, event: Event) -> LogState:
             )
             _check_done(item.parts[-1], event.input, event.type)
             return state._replace(open_item=item._replace(text_done=True))
+        case CompactionCompacting():
+            item = _open_item(state, event.item_id, event.output_index, event.type)
+            if item.item_type != "compaction":
+                raise _fail("wrong_event_for_item", f"{event.type} for a {item.item_type} item")
+            return state
         case _:
             assert_never(event)
 

@@ -32,6 +32,10 @@ Decisions, where the Responses API and Harmony do not line up:
   replaying one with edited text must not get its edit into the prompt. An item without a blob
   (a client's own history) is rendered from ``content`` (parts concatenated), else ``summary``
   (parts joined by a blank line).
+- A ``compaction`` item renders as a user message holding its decrypted summary (a blob that does
+  not verify fails the request), and the latest one stands for everything before it but the user
+  messages (:mod:`domain.compaction`). A ``compaction_trigger`` never renders (the service acts on
+  it before); one that is not the last input item is refused.
 - gpt-oss reasoning convention: analysis before the last final-channel assistant message is
   dropped (that turn is over); analysis after it (a turn still working through tool calls) is
   kept. Harmony's own ``auto_drop_analysis`` is switched off so the rule is this one, stated here.
@@ -76,6 +80,7 @@ from openai_harmony import (
     ToolDescription,
 )
 
+from domain.compaction import SUMMARY_HEADER, superseded
 from domain.custom_tools import custom_grammar, custom_tool_as_function, encode_custom_input
 from domain.errors import InvalidInput
 
@@ -141,6 +146,8 @@ class PromptRequest:
     history_length: int = 0
     #: Turns a reasoning item's ``encrypted_content`` back into its text.
     decrypt: Callable[[str], str] | None = None
+    #: Turns a ``compaction`` item's ``encrypted_content`` back into its summary.
+    decrypt_compaction: Callable[[str], str] | None = None
     #: Looks up the item an ``item_reference`` names; None (or LookupError) when there is none.
     resolve_reference: Callable[[str], Item | None] | None = None
     #: ``text.format`` when it is ``json_schema`` or ``json_object``: shown to the model in the
@@ -542,6 +549,12 @@ class _Conversation:
                     self._call(item, encode_custom_input(text), param)
             case "function_call_output" | "custom_tool_call_output":
                 self._output(item, param)
+            case "compaction":
+                self._compaction(item, param)
+            case "compaction_trigger":
+                raise InvalidInput(
+                    "A compaction_trigger item must be the final input item.", param=f"{param}.type"
+                )
             case "item_reference" if resolved:
                 raise InvalidInput(
                     "An item_reference resolved to another item_reference", param=param
@@ -610,6 +623,25 @@ class _Conversation:
                 Message.from_role_and_content(Role.ASSISTANT, text).with_channel("analysis"),
                 analysis=True,
             )
+
+    def _compaction(self, item: Item, param: str) -> None:
+        encrypted = item.get("encrypted_content")
+        decrypt = self._request.decrypt_compaction
+        if not isinstance(encrypted, str) or not encrypted:
+            raise InvalidInput(
+                "A compaction item needs its encrypted_content",
+                param=f"{param}.encrypted_content",
+                code="missing_required_parameter",
+            )
+        if decrypt is None:
+            raise InvalidInput(
+                "This compaction item cannot be verified here", param=f"{param}.encrypted_content"
+            )
+        try:
+            summary = decrypt(encrypted)
+        except InvalidInput as exc:
+            raise InvalidInput(exc.message, param=f"{param}.encrypted_content", code=exc.code) from None
+        self._append(Message.from_role_and_content(Role.USER, SUMMARY_HEADER + summary))
 
     def _call(self, item: Item, arguments: str, param: str, *, raw: bool = False) -> None:
         name = _required_str(item, "name", param)
@@ -702,6 +734,10 @@ def _stop_tokens(encoding: HarmonyEncoding) -> tuple[int, ...]:
     return stop
 
 
+def _is_trigger(item: object) -> bool:
+    return isinstance(item, Mapping) and item.get("type") == "compaction_trigger"
+
+
 def render_prompt(encoding: HarmonyEncoding, request: PromptRequest) -> RenderedPrompt:
     """Render ``request`` into the prompt token ids for gpt-oss (see the module docstring)."""
     catalog = _catalog(request.tools)
@@ -724,7 +760,10 @@ def render_prompt(encoding: HarmonyEncoding, request: PromptRequest) -> Rendered
         items = request.items
     conversation = _Conversation(request, catalog)
     history = request.history_length
+    skipped = superseded(items)  # what the latest compaction item stands for
     for index, item in enumerate(items):
+        if index in skipped or (index < history and _is_trigger(item)):
+            continue  # a trigger in the history was acted on when it was the input
         if index >= history:
             conversation.add(item, f"input[{index - history}]")
             continue

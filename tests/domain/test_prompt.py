@@ -660,7 +660,7 @@ def test_an_output_before_its_call_is_invalid() -> None:
     assert invalid(items=items).param == "input[0].call_id"
 
 
-@pytest.mark.parametrize("kind", ["web_search_call", "local_shell_call", "compaction", "made_up"])
+@pytest.mark.parametrize("kind", ["web_search_call", "local_shell_call", "made_up"])
 def test_unknown_item_types_are_invalid_and_named(kind: str) -> None:
     error = invalid(items=[{"role": "user", "content": "hi"}, {"type": kind, "id": "x"}])
     assert error.param == "input[1].type"

@@ -78,7 +78,6 @@ def test_an_unknown_top_level_parameter_is_openais_unknown_parameter(
     ("name", "value", "why"),
     [
         ("prompt", {"id": "pmpt_123", "version": "2"}, "Prompt templates"),
-        ("context_management", [{"type": "compaction", "compact_threshold": 1000}], "compact"),
         ("moderation", {"model": "omni-moderation-latest"}, "moderation"),
         ("access_programs", {"cyber": "standard"}, "access programs"),
     ],
