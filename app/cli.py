@@ -16,7 +16,6 @@ import argparse
 import asyncio
 import dataclasses
 import json
-import logging
 import sys
 from typing import Any
 
@@ -70,7 +69,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _serve(args: argparse.Namespace) -> None:
-    from app import transport
+    from app import logs, transport
     from app.main import create_app
 
     engine_options = {
@@ -94,7 +93,7 @@ def _serve(args: argparse.Namespace) -> None:
         log_level=args.log_level,
         engine_options=engine_options or None,
     )
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.configure(settings.log_level, settings.log_format)
     app = create_app(settings)
     transport.run(app, settings)
 

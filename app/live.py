@@ -16,10 +16,12 @@ import collections
 import functools
 import json
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from app.metrics import StreamTiming
 from domain.events import TERMINAL_TYPES, Event
 from domain.projections import payload_and_json, sse_frame
 from persistence.records import StoredEvent
@@ -132,6 +134,11 @@ class Run:
     store: bool
     background: bool
     engine_request_id: str
+    #: The served model (what the metrics count it under).
+    model: str = ""
+    #: When its request arrived (``time.perf_counter``): time to first token counts from it.
+    #: None for a takeover (its request arrived elsewhere).
+    started: float | None = None
     subscribers: set[Subscription] = field(default_factory=set)
     #: Set once the terminal event is durable (and published).
     finished: asyncio.Event = field(default_factory=asyncio.Event)
@@ -215,9 +222,11 @@ class LogWriter:
         backlog: Backlog | None = None,
         *,
         next_seq: int = 0,
+        timing: StreamTiming | None = None,
     ) -> None:
         """``next_seq``: the log's length when this writer takes over (a takeover goes on with
-        an existing log)."""
+        an existing log). ``timing``: where to observe what the streams receive (``app.metrics``):
+        once per published batch that holds output, never per token."""
         self._run = run
         self._submit_fn = submit
         self._shared = backlog if backlog is not None else Backlog()
@@ -233,6 +242,11 @@ class LogWriter:
         #: ``submit_after`` calls waiting for the events pushed before them to be handed over.
         self._after: list[tuple[Callable[[], asyncio.Future[None]], asyncio.Future[None]]] = []
         self.error: BaseException | None = None
+        self._timing = timing
+        #: Events pushed since the last hand-over came from output tokens.
+        self._output = False
+        #: When the last batch with output was published (None: none yet).
+        self._last_output: float | None = None
 
     @property
     def backlog(self) -> int:
@@ -270,6 +284,8 @@ class LogWriter:
             return
         if self.error is not None:
             raise self.error
+        if token_ids:
+            self._output = True
         stored, frames = self._events, self._frames
         for event in events:
             record = stored_event(event)
@@ -288,23 +304,38 @@ class LogWriter:
         self._events, self._frames = [], []
         self._shared.total -= len(events)
         batch = Batch(events[0].seq, frames, events[-1].type in TERMINAL_TYPES)
+        output, self._output = self._output, False
         if self._submit_fn is None:
             self._next_seq += len(events)
             self._run.publish(batch)
+            if output and self._timing is not None:
+                self._observe(self._timing)
             self._flush()
             return
         self._inflight = True
         self._idle.clear()
         tokens, self._tokens = self._tokens, []
         # the store calls back later, from its commit (never from inside this call)
-        self._submit_fn(self._run.id, events, self._next_seq, functools.partial(self._durable, batch), tokens)
+        self._submit_fn(
+            self._run.id, events, self._next_seq, functools.partial(self._durable, batch, output), tokens
+        )
         self._next_seq += len(events)
         if self._after:  # everything pushed before them is handed over now
             after, self._after = self._after, []
             for submit, outer in after:
                 _chain(submit(), outer)
 
-    def _durable(self, batch: Batch, error: BaseException | None) -> None:
+    def _observe(self, timing: StreamTiming) -> None:
+        """A batch with output was just published to the streams."""
+        now = time.perf_counter()
+        last = self._last_output
+        if last is not None:
+            timing.inter_event.observe(now - last)
+        elif self._run.started is not None:
+            timing.time_to_first_token.observe(now - self._run.started)
+        self._last_output = now
+
+    def _durable(self, batch: Batch, output: bool, error: BaseException | None) -> None:
         self._progress.set()
         if error is not None:
             self.error = error
@@ -319,6 +350,8 @@ class LogWriter:
             self._idle.set()
             return
         self._run.publish(batch)
+        if output and self._timing is not None:
+            self._observe(self._timing)
         self._flush()
 
     async def drain(self) -> None:

@@ -21,7 +21,7 @@ import functools
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -46,6 +46,7 @@ from app.live import (
     stored_frames,
 )
 from app.logprobs import requested_logprobs
+from app.metrics import Metrics
 from app.reasoning_crypto import ReasoningCipher
 from app.remote_cancel import RemoteCancels
 from app.repair import STORE_UNAVAILABLE, Repairs, store_unavailable_error
@@ -145,9 +146,11 @@ class ResponseService:
         encoding: HarmonyEncoding,
         cipher: ReasoningCipher,
         doorbell: Doorbell | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         """``doorbell``: how this replica hears of other replicas' commits, cancels and leases
-        (``persistence.doorbell``; the store's own if it has one, else one for this process)."""
+        (``persistence.doorbell``; the store's own if it has one, else one for this process).
+        ``metrics``: what its runs and streams are counted in (``app.metrics``); none: off."""
         self.settings = settings
         self.store = store
         self.engine = engine
@@ -185,6 +188,11 @@ class ResponseService:
         self._replicas_task: asyncio.Task[None] | None = None
         #: The Conversations API, and the history and turns of responses naming one.
         self.conversations = Conversations(store, encoding, cipher, new_id=new_id, normalize=normalize_input)
+        #: Streams following a log written elsewhere now (``_follow``).
+        self.followers = 0
+        self.metrics = metrics if metrics is not None else Metrics(enabled=False)
+        self._timing = self.metrics.stream if self.metrics.enabled else None
+        self.metrics.attach(self)
 
     # -- models ----------------------------------------------------------------------------------
 
@@ -235,6 +243,7 @@ class ResponseService:
     ) -> Run:
         """``project``: whose response it is (and the only project its ``previous_response_id``
         chain may come from); ``api_key_id``: the key that asked for it."""
+        started = time.perf_counter()
         self.check_accepting()
         model = self.resolve_model(request.model)
         if request.background and not request.store:
@@ -255,6 +264,8 @@ class ResponseService:
             store=request.store,
             background=request.background,
             engine_request_id=response_id,
+            model=model,
+            started=started,
         )
         skeleton = self._skeleton(request, response_id, created_at, model)
         if conversation:
@@ -314,6 +325,8 @@ class ResponseService:
         run.task = task
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        if self.metrics.enabled:
+            task.add_done_callback(functools.partial(self.metrics.run_ended, run))
 
     async def prompt(
         self, request: CreateResponse, project: str, conversation: str | None = None
@@ -490,6 +503,7 @@ class ResponseService:
             self.store.submit_then if run.store else None,
             self._backlog,
             next_seq=resumed.next_seq if resumed is not None else 0,
+            timing=self._timing,
         )
         health = self.store.health
         finish_reason: str | None = None
@@ -797,7 +811,7 @@ class ResponseService:
         # arrives, and a question per follower per such ring cost a query each (64 followers:
         # enough to put the replica behind, and its lag in the hundreds of milliseconds).
         rung, empty = True, 0
-        with self.doorbell.listen(response_id) as bell:
+        with self.doorbell.listen(response_id) as bell, self._following():
             while True:
                 events: list[StoredEvent] | None = None
                 if caught_up:
@@ -829,6 +843,14 @@ class ResponseService:
                     )
                     return
                 rung = await bell.wait(1.0 if self.doorbell.connected else 0.1)
+
+    @contextlib.contextmanager
+    def _following(self) -> Iterator[None]:
+        self.followers += 1
+        try:
+            yield
+        finally:
+            self.followers -= 1
 
     async def _load(self, response_id: str, after: int, limit: int | None) -> list[StoredEvent]:
         """A read for a stream: while the database is unavailable, retried for up to the

@@ -353,6 +353,12 @@ class SqlStore:
         #: Rung (``persistence.doorbell``) for every response whose events a commit made durable,
         #: after the commit, so followers on other replicas read them at once.
         self.doorbell: Doorbell | None = None
+        #: Called after every committed transaction with its duration (s) and its events
+        #: (``app.metrics``); on the event loop's thread.
+        self.commit_observer: Callable[[float, int], None] | None = None
+        #: Totals since the store opened: commit attempts that failed, and those retried.
+        self.commit_errors = 0
+        self.commit_retries = 0
 
     @property
     def stats(self) -> CommitStats:
@@ -611,6 +617,7 @@ class SqlStore:
                 outcomes = await self._write(batch, fresh=after_failure, after_failure=after_failure)
             except Exception as exc:
                 self._forget(batch)
+                self.commit_errors += 1
                 if not is_unavailable(exc):
                     return exc
                 left = self.health.failed(exc)
@@ -631,6 +638,7 @@ class SqlStore:
                 await asyncio.sleep(min(pause, left))
                 pause = min(pause * 2, _RETRY_CAP_S)
                 after_failure = True
+                self.commit_retries += 1
                 continue
             if after_failure:
                 _log.warning("commit succeeded again after the database was unavailable")
@@ -658,6 +666,7 @@ class SqlStore:
         previous = self._last_plan if after_failure else None
         self._last_plan = None
         plan: _Plan
+        started = time.perf_counter()
         try:
             async with asyncio.timeout(self._statement_timeout_s):
                 if self._direct is not None:
@@ -678,6 +687,8 @@ class SqlStore:
             self._stats.writes + plan.outcomes.count(None),
             self._stats.events + plan.events,
         )
+        if self.commit_observer is not None:
+            self.commit_observer(time.perf_counter() - started, plan.events)
         for rid, tail in tails.items():
             if tail is not None:
                 self._remember(rid, tail)
