@@ -111,7 +111,9 @@ def _log_request(scope: Scope, seen: dict[str, float], started: float) -> None:
         line["first_byte_ms"] = round((seen["first_byte"] - started) * 1000, 3)
     query = scope.get("query_string", b"")
     if query:  # names only: values may be anything a client typed
-        line["query"] = sorted({part.split(b"=")[0].decode("latin-1") for part in query.split(b"&")})
+        line["query"] = sorted(
+            {part.split(b"=")[0].decode("latin-1") for part in query.split(b"&")}
+        )
     caller = scope.get(CALLER)
     if caller is not None:
         line["project"] = caller.project

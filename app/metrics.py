@@ -202,16 +202,23 @@ class Metrics:
             "Streams following a log written elsewhere (another replica, the repair loop).",
             service.followers,
         )
-        yield _gauge("ledger_live_responses", "Responses being generated here now.", len(service.live_runs()))
+        yield _gauge(
+            "ledger_live_responses", "Responses being generated here now.", len(service.live_runs())
+        )
         yield _counter(
             "ledger_takeovers",
             "Orphaned responses claimed here, by outcome (continued from their log, or closed "
             "failed).",
             None,
             labels=("outcome",),
-            values=(("continued", service.takeovers.continued), ("failed", service.takeovers.failed)),
+            values=(
+                ("continued", service.takeovers.continued),
+                ("failed", service.takeovers.failed),
+            ),
         )
-        yield _gauge("ledger_draining", "1 once a SIGTERM started the drain.", int(service.drain.draining))
+        yield _gauge(
+            "ledger_draining", "1 once a SIGTERM started the drain.", int(service.drain.draining)
+        )
         yield _counter(
             "ledger_drain_handed_off",
             "Responses a drain handed to the other replicas.",

@@ -69,7 +69,9 @@ def ledger(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ledger]:
     url = f"sqlite+aiosqlite:///{db}"
     member = asyncio.run(_member_key(url))
     engine = ScriptedEngine(load_encoding(), [MODEL], {"turns": []})
-    settings = Settings(engine="scripted", database_url=url, served_model_names=(MODEL,), api_key=ADMIN)
+    settings = Settings(
+        engine="scripted", database_url=url, served_model_names=(MODEL,), api_key=ADMIN
+    )
     with serve(settings, engine=engine) as server:
         yield Ledger(server, engine, member)
 
@@ -99,7 +101,9 @@ def log_lines() -> Iterator[list[str]]:
 def test_counters_move_as_a_client_streams_and_reads(ledger: Ledger) -> None:
     before = ledger.scrape()
     client = OpenAI(base_url=ledger.url + "/v1", api_key=ledger.member_key, max_retries=0)
-    ledger.engine.add_turns({"completion": harmony(("analysis", "thinking"), ("final", "one two three four five"))})
+    ledger.engine.add_turns(
+        {"completion": harmony(("analysis", "thinking"), ("final", "one two three four five"))}
+    )
     with client.responses.stream(model=MODEL, input="hello") as stream:
         final = stream.get_final_response()
     assert final.status == "completed"
@@ -125,14 +129,22 @@ def test_counters_move_as_a_client_streams_and_reads(ledger: Ledger) -> None:
     # two streams' first tokens, each durable before it was sent
     ttft = "ledger_time_to_first_token_seconds_count"
     assert after[ttft] - before[ttft] == 2
-    assert after["ledger_time_to_first_token_seconds_sum"] > before["ledger_time_to_first_token_seconds_sum"]
+    assert (
+        after["ledger_time_to_first_token_seconds_sum"]
+        > before["ledger_time_to_first_token_seconds_sum"]
+    )
     assert after['ledger_time_to_first_token_seconds_bucket{le="+Inf"}'] == after[ttft]
-    assert after["ledger_commit_duration_seconds_count"] > before["ledger_commit_duration_seconds_count"]
+    assert (
+        after["ledger_commit_duration_seconds_count"]
+        > before["ledger_commit_duration_seconds_count"]
+    )
     assert after["ledger_commits_total"] > before["ledger_commits_total"]
     # every event of both logs was appended, and counted once per commit in the batch histogram
     events = after["ledger_events_appended_total"] - before["ledger_events_appended_total"]
     assert events >= 2 * 6
-    assert after["ledger_commit_batch_events_sum"] - before["ledger_commit_batch_events_sum"] == events
+    assert (
+        after["ledger_commit_batch_events_sum"] - before["ledger_commit_batch_events_sum"] == events
+    )
     assert after["ledger_live_streams"] == 0
     assert after["ledger_store_writable"] == 1
     assert after["ledger_store_errors_total"] == 0
@@ -146,10 +158,18 @@ def test_inter_event_latency_is_observed_per_batch(ledger: Ledger) -> None:
     words = " ".join(f"w{i}" for i in range(40))
     ledger.engine.add_turns({"completion": harmony(("final", words)), "token_delay_ms": 5})
     client = OpenAI(base_url=ledger.url + "/v1", api_key=ADMIN, max_retries=0)
-    deltas = sum(1 for e in client.responses.create(model=MODEL, input="x", stream=True) if e.type.endswith(".delta"))
+    deltas = sum(
+        1
+        for e in client.responses.create(model=MODEL, input="x", stream=True)
+        if e.type.endswith(".delta")
+    )
     after = ledger.scrape()
-    gaps = after["ledger_inter_event_latency_seconds_count"] - before["ledger_inter_event_latency_seconds_count"]
-    assert 10 <= gaps <= deltas  # one per commit that carried output (paced: most tokens), never more
+    gaps = (
+        after["ledger_inter_event_latency_seconds_count"]
+        - before["ledger_inter_event_latency_seconds_count"]
+    )
+    # one per commit that carried output (paced: most tokens), never more
+    assert 10 <= gaps <= deltas
 
 
 def test_metrics_need_an_admin_key_when_keys_are_on(ledger: Ledger) -> None:
@@ -172,16 +192,24 @@ def test_metrics_off_is_a_404_and_open_servers_serve_them(tmp_path: Path) -> Non
         assert r.json()["error"]["message"] == "Invalid URL (GET /metrics)"
         assert server.service.store.commit_observer is None
     assert Settings.from_env({"RESPONSES_LEDGER_METRICS": "false"}).metrics is False
-    with serve(Settings(engine="scripted", database_url=url, served_model_names=(MODEL,)), engine=engine) as server:
+    with serve(
+        Settings(engine="scripted", database_url=url, served_model_names=(MODEL,)), engine=engine
+    ) as server:
         assert httpx.get(server.base_url + "/metrics").status_code == 200  # run open: no key
 
 
-def test_one_json_line_per_request_without_keys_or_prompt_text(ledger: Ledger, log_lines: list[str]) -> None:
+def test_one_json_line_per_request_without_keys_or_prompt_text(
+    ledger: Ledger, log_lines: list[str]
+) -> None:
     client = OpenAI(base_url=ledger.url + "/v1", api_key=ledger.member_key, max_retries=0)
     ledger.engine.add_turns({"completion": harmony(("final", f"echo {PROMPT_MARKER}"))})
-    response = client.responses.create(model=MODEL, input=f"say {PROMPT_MARKER}", instructions=PROMPT_MARKER)
+    response = client.responses.create(
+        model=MODEL, input=f"say {PROMPT_MARKER}", instructions=PROMPT_MARKER
+    )
     with pytest.raises(openai.AuthenticationError):
-        OpenAI(base_url=ledger.url + "/v1", api_key=ADMIN + "x", max_retries=0).responses.retrieve(response.id)
+        OpenAI(base_url=ledger.url + "/v1", api_key=ADMIN + "x", max_retries=0).responses.retrieve(
+            response.id
+        )
     client.responses.retrieve(response.id)
 
     text = "\n".join(log_lines)
