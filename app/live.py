@@ -41,6 +41,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+#: The events a response opens with, before any output (not timed as output, ``app.metrics``).
+_OPENING = frozenset({"response.created", "response.queued", "response.in_progress"})
+
 
 class Batch:
     """Consecutive events made durable together: ``frames[i]`` is the SSE frame of seq
@@ -243,7 +246,7 @@ class LogWriter:
         self._after: list[tuple[Callable[[], asyncio.Future[None]], asyncio.Future[None]]] = []
         self.error: BaseException | None = None
         self._timing = timing
-        #: Events pushed since the last hand-over came from output tokens.
+        #: Events pushed since the last hand-over are output (anything after the opening ones).
         self._output = False
         #: When the last batch with output was published (None: none yet).
         self._last_output: float | None = None
@@ -284,7 +287,7 @@ class LogWriter:
             return
         if self.error is not None:
             raise self.error
-        if token_ids:
+        if events[0].type not in _OPENING:
             self._output = True
         stored, frames = self._events, self._frames
         for event in events:

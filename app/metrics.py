@@ -95,8 +95,8 @@ class StreamTiming:
     def __init__(self) -> None:
         self.time_to_first_token = Histogram(
             "ledger_time_to_first_token_seconds",
-            "From the request's arrival to its first output event being durable and sent to "
-            "its streams.",
+            "From the request's arrival to its first output event (any after "
+            "response.in_progress) being durable and sent to its streams.",
             _LATENCY_BUCKETS,
         )
         self.inter_event = Histogram(
