@@ -139,7 +139,7 @@ class Run:
     engine_request_id: str
     #: The served model (what the metrics count it under).
     model: str = ""
-    #: When its request arrived (``time.perf_counter``): time to first token counts from it.
+    #: When its request arrived (``time.monotonic``): time to first token counts from it.
     #: None for a takeover (its request arrived elsewhere).
     started: float | None = None
     subscribers: set[Subscription] = field(default_factory=set)
@@ -329,20 +329,23 @@ class LogWriter:
                 _chain(submit(), outer)
 
     def _observe(self, timing: StreamTiming) -> None:
-        """A batch with output was just published to the streams."""
-        now = time.perf_counter()
+        """A batch with output was just published to the streams (a response without a store:
+        no commit to take the time from)."""
+        now = time.monotonic()
         last = self._last_output
         if last is not None:
-            timing.inter_event.observe(now - last)
+            timing.gap(now - last)
         elif self._run.started is not None:
-            timing.time_to_first_token.observe(now - self._run.started)
+            timing.first(now - self._run.started)
         self._last_output = now
 
     def _durable(self, batch: Batch, output: bool, error: BaseException | None) -> None:
         self._progress.set()
         if error is not None:
             self.error = error
-            log.error("response %s: log write failed: %r", self._run.id, self.error)
+            log.error(
+                "response %s: log write failed: %r", self._run.id, error, extra={"response_id": self._run.id}
+            )
             self._run.error = self.error
             self._shared.total -= len(self._events)  # never to be written
             self._events, self._frames = [], []
@@ -353,8 +356,16 @@ class LogWriter:
             self._idle.set()
             return
         self._run.publish(batch)
-        if output and self._timing is not None:
-            self._observe(self._timing)
+        timing = self._timing
+        if output and timing is not None:  # as _observe, inlined: once per commit per response
+            # right after its commit: the time the store read when it was done
+            now = timing.committed_at if timing.commit_clock else time.monotonic()
+            last = self._last_output
+            if last is not None:
+                timing.gap(now - last)
+            elif self._run.started is not None:
+                timing.first(now - self._run.started)
+            self._last_output = now
         self._flush()
 
     async def drain(self) -> None:

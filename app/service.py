@@ -243,7 +243,7 @@ class ResponseService:
     ) -> Run:
         """``project``: whose response it is (and the only project its ``previous_response_id``
         chain may come from); ``api_key_id``: the key that asked for it."""
-        started = time.perf_counter()
+        started = time.monotonic()
         self.check_accepting()
         model = self.resolve_model(request.model)
         if request.background and not request.store:
@@ -575,7 +575,7 @@ class ResponseService:
             except EngineError as exc:
                 finish_reason, engine_error = "error", str(exc)
             except Exception as exc:  # an engine bug must not leave the response open
-                log.exception("response %s: engine failed", run.id)
+                log.exception("response %s: engine failed", run.id, extra={"response_id": run.id})
                 finish_reason, engine_error = "error", f"{type(exc).__name__}: {exc}"
             if finish_reason is None:
                 finish_reason, engine_error = "error", "the engine stopped without a finish reason"
@@ -644,9 +644,14 @@ class ResponseService:
                     await self.engine.abort(run.engine_request_id)
                 return
             if isinstance(exc, StoreUnavailable):
-                log.error("response %s: stopped, the database is unavailable (%s)", run.id, exc.reason)
+                log.error(
+                    "response %s: stopped, the database is unavailable (%s)",
+                    run.id,
+                    exc.reason,
+                    extra={"response_id": run.id},
+                )
             else:
-                log.exception("response %s: generation failed", run.id)
+                log.exception("response %s: generation failed", run.id, extra={"response_id": run.id})
             run.error = exc
             with contextlib.suppress(Exception):  # e.g. the log could not be written: stop the engine
                 await self.engine.abort(run.engine_request_id)

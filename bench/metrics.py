@@ -9,8 +9,9 @@ with 100,000 responses stored).
   case (an engine pacing tokens slower than a commit; a faster one puts many tokens in a commit
   and the metrics cost is divided among them). The store is a stand-in that settles each
   write on the next loop turn and, with metrics on, makes the real store's per-commit
-  observation (two clock reads and ``Metrics.observe_commit``). Interleaved runs, medians; the
-  difference on minus off is what the metrics cost a token. Also printed: one observation of
+  observation (a clock read and ``Metrics.observe_commit``). Interleaved runs, medians; the
+  difference on minus off is what the metrics cost a token; on a busy machine it is noisy, so
+  the metrics' work per commit is also timed alone (the best of three). Also printed: one observation of
   ``app.metrics.Histogram`` and of prometheus_client's ``Histogram``, for reference.
 - **scrape**: a SQLite database with ``--responses`` finished responses, a server process
   (``responses-ledger serve``, the echo engine) on it, a few hundred responses through HTTP (so
@@ -37,7 +38,7 @@ from typing import Any
 import httpx
 import prometheus_client
 
-from app.live import LogWriter, Run
+from app.live import Batch, LogWriter, Run
 from app.metrics import Histogram, Metrics
 from bench.reads import _store_response
 from domain.events import OutputTextDelta
@@ -49,17 +50,20 @@ from persistence.store import Done
 async def _per_token_run(tokens: int, metrics: Metrics | None) -> float:
     """Seconds per token through the live path, one token per commit."""
     loop = asyncio.get_running_loop()
-    run = Run(id="resp_bench", store=True, background=False, engine_request_id="r", started=time.perf_counter())
+    run = Run(id="resp_bench", store=True, background=False, engine_request_id="r", started=time.monotonic())
     queue = run.subscribe()
+    if metrics is not None:  # what Metrics.attach does for a SqlStore
+        metrics.stream.commit_clock = True
+        observe_commit = metrics.commit_observer()
 
     def submit(
         response_id: str, events: Sequence[StoredEvent], seq: int, done: Done, token_ids: Sequence[int]
     ) -> None:
-        started = time.perf_counter()
+        first_at = loop.time()  # GroupCommit reads it for every batch, metrics or not
 
         def committed() -> None:
-            if metrics is not None:  # what SqlStore._write does per transaction
-                metrics.observe_commit(time.perf_counter() - started, len(events))
+            if metrics is not None:  # what SqlStore._write adds per transaction
+                observe_commit(len(events), first_at, time.monotonic())
             done(None)
 
         loop.call_soon(committed)
@@ -70,6 +74,29 @@ async def _per_token_run(tokens: int, metrics: Metrics | None) -> float:
         writer.push([OutputTextDelta(seq, "msg_bench", 0, 0, " word")], (seq,))
         await queue.get()
     return (time.perf_counter() - start) / tokens
+
+
+def _hooks_cost(n: int = 1_000_000) -> float:
+    """Seconds per commit of what metrics on adds to one, timed alone (less noisy than the
+    difference of two whole runs on a busy machine): the store's clock read and commit
+    observation, and the writer's stream observation (its time is the commit's)."""
+    metrics = Metrics()
+    run = Run(id="resp_bench", store=True, background=False, engine_request_id="r", started=time.monotonic())
+    metrics.stream.commit_clock = True
+    observe_commit, clock = metrics.commit_observer(), time.monotonic
+    writer = LogWriter(run, lambda *args: None, timing=metrics.stream)
+    batch = Batch(0, (), False)
+    first_at = clock()
+    start = time.perf_counter()
+    for _ in range(n):  # what a commit adds, metrics on: the store's part, then the writer's
+        observe_commit(1, first_at, clock())
+        writer._durable(batch, True, None)
+    with_metrics = (time.perf_counter() - start) / n
+    writer = LogWriter(run, lambda *args: None, timing=None)
+    start = time.perf_counter()
+    for _ in range(n):
+        writer._durable(batch, True, None)
+    return with_metrics - (time.perf_counter() - start) / n
 
 
 def _observe_cost(n: int = 1_000_000) -> tuple[float, float]:
@@ -95,6 +122,7 @@ async def per_token(tokens: int, reps: int) -> dict[str, float]:
         on.append(await _per_token_run(tokens, Metrics()))
     ours, theirs = _observe_cost()
     return {
+        "hooks_us": min(_hooks_cost() for _ in range(3)) * 1e6,
         "off_us": statistics.median(off) * 1e6,
         "on_us": statistics.median(on) * 1e6,
         "cost_us": (statistics.median(on) - statistics.median(off)) * 1e6,
@@ -200,7 +228,8 @@ async def main() -> None:
     print(
         f"per token, one token per commit: off {cost['off_us']:.2f} us, on {cost['on_us']:.2f} us: "
         f"metrics cost {cost['cost_us']:+.3f} us per token (pairs {cost['pairs_cost_us_min']:+.3f} "
-        f"to {cost['pairs_cost_us_max']:+.3f}); one observation: {cost['observe_us']:.3f} us "
+        f"to {cost['pairs_cost_us_max']:+.3f}); the metrics' work per commit timed alone: "
+        f"{cost['hooks_us']:.3f} us; one observation: {cost['observe_us']:.3f} us "
         f"(prometheus_client's Histogram: {cost['prometheus_client_observe_us']:.3f} us)"
     )
     if not args.skip_scrape:

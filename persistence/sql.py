@@ -353,9 +353,10 @@ class SqlStore:
         #: Rung (``persistence.doorbell``) for every response whose events a commit made durable,
         #: after the commit, so followers on other replicas read them at once.
         self.doorbell: Doorbell | None = None
-        #: Called after every committed transaction with its duration (s) and its events
-        #: (``app.metrics``); on the event loop's thread.
-        self.commit_observer: Callable[[float, int], None] | None = None
+        #: Called after every committed transaction with its events and the time it was done
+        #: (``time.monotonic``), and the time its batch's first write was queued (``app.metrics``),
+        #: on the event loop's thread, before its writers are told.
+        self.commit_observer: Callable[[int, float, float], None] | None = None
         #: Totals since the store opened: commit attempts that failed, and those retried.
         self.commit_errors = 0
         self.commit_retries = 0
@@ -666,7 +667,6 @@ class SqlStore:
         previous = self._last_plan if after_failure else None
         self._last_plan = None
         plan: _Plan
-        started = time.perf_counter()
         try:
             async with asyncio.timeout(self._statement_timeout_s):
                 if self._direct is not None:
@@ -688,7 +688,7 @@ class SqlStore:
             self._stats.events + plan.events,
         )
         if self.commit_observer is not None:
-            self.commit_observer(time.perf_counter() - started, plan.events)
+            self.commit_observer(plan.events, self._commits.batch_first_at, time.monotonic())
         for rid, tail in tails.items():
             if tail is not None:
                 self._remember(rid, tail)

@@ -1,4 +1,5 @@
-"""``app.metrics.Histogram`` against prometheus_client's own, sample for sample."""
+"""``app.metrics.Histogram`` against prometheus_client's own, sample for sample, through its
+family and through the text it writes itself."""
 
 from __future__ import annotations
 
@@ -40,4 +41,7 @@ def test_the_lock_free_histogram_exposes_what_prometheus_client_would() -> None:
         if not key[0].endswith("_created")
     }
     assert _samples(generate_latest(ours_registry).decode()) == expected
+    assert _samples(ours.exposition()) == expected  # written directly, parsed the same
     assert ours.count == len(values)
+    ours.observe(7.0)  # folded in with what was folded before
+    assert _samples(ours.exposition())[("x_seconds_count", ())] == len(values) + 1
