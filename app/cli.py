@@ -106,6 +106,7 @@ async def _open(url: str | None) -> Any:
 
 
 async def _events(response_id: str, url: str | None, *, replay: bool) -> int:
+    from app.audit_log import log_lines
     from app.live import stored_frames
 
     store = await _open(url)
@@ -118,12 +119,7 @@ async def _events(response_id: str, url: str | None, *, replay: bool) -> int:
         if replay:
             out.write(stored_frames(events))
         else:
-            for e in events:
-                line = {"seq": e.seq, "type": e.type, "payload": e.payload}
-                out.write(json.dumps(line, ensure_ascii=False).encode() + b"\n")
-            for record in await store.load_audit(response_id):
-                line = {"audit": record.kind, "token_ids": list(record.token_ids), "detail": record.detail}
-                out.write(json.dumps(line).encode() + b"\n")
+            out.writelines(log_lines(events, await store.load_audit(response_id)))
         out.flush()
         return 0
     finally:

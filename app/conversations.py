@@ -22,7 +22,9 @@ like a missing one.
   conversation. A response that ends ``failed`` or ``cancelled`` appends nothing, so a client
   can retry the same input without doubling it. (OpenAI appends "after the response
   completes".) Turns are appended in the order their responses end. A response continued by a
-  takeover on another replica does not append its turn.
+  takeover on another replica appends its turn when it ends there (``turn_of``: the stored
+  request names the conversation; ids the conversation already holds are skipped, so a turn
+  its first owner appended just before dying is not appended twice).
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ from domain.projections import output_as_input
 from domain.prompt import PromptRequest, render_prompt
 from persistence.conversations import ConversationRow, DuplicateItem
 from persistence.errors import NotFound
-from persistence.records import dump_json
+from persistence.records import ResponseRow, dump_json
 from persistence.store import EventStore
 
 __all__ = [
@@ -238,6 +240,19 @@ class Conversations:
         except NotFound:
             raise not_found("Conversation", conversation_id, param="conversation") from None
         return [output_as_input(item) for item in items]
+
+    async def turn_of(self, row: ResponseRow) -> ConversationTurn | None:
+        """The turn a stored response owes its conversation (None if it names none): what a
+        takeover continuing it on another replica appends when it ends, as its first owner
+        would have."""
+        conversation = row.request.get("conversation")
+        if isinstance(conversation, dict):
+            conversation = conversation.get("id")
+        if not isinstance(conversation, str) or not conversation:
+            return None
+        # every input item in one page (a request body's size bounds how many it has)
+        items, _ = await self._store.list_input_items(row.id, after=None, limit=1 << 20, order="asc")
+        return ConversationTurn(conversation, row.project, items)
 
     async def record(self, turn: ConversationTurn, response_id: str, final: dict[str, Any]) -> None:
         """Append the turn of a response that ended (see the module docstring: only a

@@ -29,6 +29,7 @@ from app.logs import RUN
 from app.metrics import CONTENT_TYPE, Metrics
 from app.ownership import caller_of, scoped
 from app.service import ResponseService
+from app.ui import routes as ui_routes
 from app.wire import CreateResponse
 from persistence.errors import StoreUnavailable
 
@@ -310,7 +311,8 @@ async def metrics(request: Request) -> Response:
         raise APIError(
             403,
             "The metrics need an admin key (responses-ledger keys create --role admin).",
-            code="insufficient_permissions",
+            type="permission_error",
+            code="admin_only",
         )
     return Response(metrics.scrape(), media_type=CONTENT_TYPE)
 
@@ -347,4 +349,5 @@ routes = [
     Route("/health/live", guard(live), methods=["GET"]),
     Route("/health/ready", guard(ready), methods=["GET"]),
     Route("/metrics", guard(metrics), methods=["GET"]),
+    *ui_routes,  # /ui, the audit page (app.ui)
 ]

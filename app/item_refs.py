@@ -7,7 +7,9 @@ reference, with no ``previous_response_id``. A reference resolves, in this order
 1. an item of the ``previous_response_id`` chain or of this request's own input (no query), then
 2. any stored item of the project: an input item or an output item of any stored response, found
    through the item index (``persistence.item_index``, one query for all of a request's
-   references).
+   references), then
+3. an item a conversation of the project holds now (``ConversationStore.find_items``: added
+   through the conversation items API; a response's own items are found in step 2).
 
 An output item is replayed as the input item a client would send for it (as the chain replays
 it). An id of another project resolves to nothing, exactly like a missing one: the prompt
@@ -46,4 +48,8 @@ async def resolve(store: EventStore, project: str, items: Sequence[Item]) -> dic
     if wanted:
         for item_id, located in (await store.find_items(wanted, project=project)).items():
             known[item_id] = output_as_input(located.item) if located.source == "output" else located.item
+        missing = [item_id for item_id in wanted if item_id not in known]
+        if missing:
+            held = await store.conversations.find_items(missing, project)
+            known.update((item_id, output_as_input(item)) for item_id, item in held.items())
     return known

@@ -39,6 +39,7 @@ from app.metrics import Metrics
 from app.reasoning_crypto import ReasoningCipher, new_key
 from app.service import ResponseService
 from app.settings import Settings
+from app.ui import AuditGate
 from domain.errors import DomainError
 from persistence.doorbell import doorbell_for
 from persistence.errors import StoreError
@@ -215,6 +216,7 @@ def create_app(
             else []
         ),
         Middleware(KeyAuth),
+        Middleware(AuditGate),  # /ui: admins only when keys are required (app.ui)
     ]
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=handled, middleware=middleware)
     app.state.ready = False

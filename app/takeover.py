@@ -32,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from app.conversations import ConversationTurn
 from app.engines.protocol import Sampling
 from app.live import Run
 from app.logprobs import token_texts
@@ -158,6 +159,8 @@ class Resumed:
     #: ``stop``/``length`` when nothing is left to generate (the last logged token was a stop
     #: token, or ``max_tokens`` is used up); None to ask the engine for more.
     finish_reason: str | None = None
+    #: The conversation turn it appends when it ends (``Conversations.turn_of``).
+    turn: ConversationTurn | None = None
 
 
 class CannotContinue(Exception):
@@ -208,6 +211,7 @@ class Takeovers:
                 resumed.spec.sampling,
                 forced_call=resumed.spec.forced_call,
                 resumed=resumed,
+                turn=resumed.turn,
             ),
         )
         self.continued += 1
@@ -290,6 +294,7 @@ class Takeovers:
             next_seq,
             record,
             finish,
+            await service.conversations.turn_of(row),
         )
         run.published = True  # its first events were published by the replica that made them
         run.created.set()

@@ -128,6 +128,12 @@ class ConversationStore(Protocol):
         such item now)."""
         ...
 
+    async def find_items(self, item_ids: Sequence[str], project: str) -> dict[str, JsonObject]:
+        """The items with these ids that a conversation of ``project`` holds now (not deleted
+        from it, the conversation not deleted), by id: what an ``item_reference`` names. An id
+        held by several conversations resolves to the newest entry."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class _Entry:
@@ -162,6 +168,13 @@ class MemoryConversations:
         if found is None or found.deleted or found.row.project != project:
             raise NotFound(f"no conversation {conversation_id!r}")
         return found
+
+    def turns(self, conversation_id: str) -> set[str]:
+        """The ids of the responses whose turns appended to the conversation (any project)."""
+        found = self._conversations.get(conversation_id)
+        if found is None:
+            return set()
+        return {e.response_id for e in found.log if e.response_id is not None}
 
     async def create(self, row: ConversationRow, items: Sequence[JsonObject]) -> None:
         if row.id in self._conversations:
@@ -252,6 +265,18 @@ class MemoryConversations:
         live = self._find(conversation_id, project).live()
         found = next((e for e in live if e.item_id == item_id), None)
         return None if found is None else json.loads(found.item_json or "null")
+
+    async def find_items(self, item_ids: Sequence[str], project: str) -> dict[str, JsonObject]:
+        wanted = set(item_ids)
+        found: dict[str, tuple[float, int, str]] = {}
+        for conversation in self._conversations.values():
+            if conversation.deleted or conversation.row.project != project:
+                continue
+            for entry in conversation.live():
+                if entry.item_id in wanted and entry.item_json is not None:
+                    key = (entry.recorded_at, entry.seq, entry.item_json)
+                    found[entry.item_id] = max(found.get(entry.item_id, key), key)
+        return {item_id: json.loads(text) for item_id, (_, _, text) in found.items()}
 
     async def delete_item(self, conversation_id: str, project: str, item_id: str) -> bool:
         conversation = self._find(conversation_id, project)

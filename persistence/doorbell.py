@@ -531,7 +531,7 @@ class PgDoorbell:
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:
-                    if is_unavailable(exc):
+                    if connection.is_closed() or is_unavailable(exc):
                         _log_failure("sending connection", exc, backoff.failures)
                         self._keep(channels)
                         connection.terminate()

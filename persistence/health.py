@@ -68,7 +68,11 @@ def _unavailable_here(exc: BaseException) -> bool:
         exc, sqlite3.IntegrityError | sqlite3.DataError | sqlite3.ProgrammingError
     ):
         return True
-    if isinstance(exc, asyncpg.InterfaceError | asyncpg.PostgresConnectionError):
+    if isinstance(
+        exc, asyncpg.InterfaceError | asyncpg.InternalClientError | asyncpg.PostgresConnectionError
+    ):
+        # InternalClientError: the protocol met the server's goodbye mid-statement (a backend
+        # terminated while the connection was idle); the connection is gone, not the data refused
         return True
     if isinstance(exc, asyncpg.PostgresError):
         state = str(getattr(exc, "sqlstate", "") or "")

@@ -25,6 +25,7 @@ from persistence.lifecycle import (
     initial_status,
     row_update,
 )
+from persistence.listing import ResponseQuery, matches
 from persistence.records import (
     ApiKeyRow,
     AuditRecord,
@@ -62,6 +63,7 @@ class _Event:
     seq: int
     type: str
     payload_json: str
+    recorded_at: float = 0.0
 
     def stored(self) -> StoredEvent:
         return StoredEvent(self.seq, self.type, None, self.payload_json)
@@ -154,7 +156,8 @@ class MemoryStore:
     ) -> asyncio.Future[None]:
         self._check_open()
         check_submission(events, expected_seq)
-        encoded = [_Event(e.seq, e.type, e.payload_text()) for e in events]
+        now = time.time()
+        encoded = [_Event(e.seq, e.type, e.payload_text(), now) for e in events]
         return _settled(self._append, response_id, events, encoded, expected_seq, token_ids)
 
     def submit_then(
@@ -231,6 +234,24 @@ class MemoryStore:
         start = 0 if after_seq is None else max(after_seq + 1, 0)
         end = None if limit is None else start + limit
         return [event.stored() for event in log[start:end]]
+
+    async def load_times(self, response_id: str) -> list[tuple[int, str, float]]:
+        self._check_open()
+        return [(e.seq, e.type, e.recorded_at) for e in self._events.get(response_id, [])]
+
+    async def list_responses(self, query: ResponseQuery) -> tuple[list[ResponseRow], bool]:
+        self._check_open()
+        turns = self.conversations.turns(query.conversation) if query.conversation else set()
+        rows = sorted(
+            (row for row in self._rows.values() if matches(row, query, turns)),
+            key=lambda row: (row.created_at, row.id),
+            reverse=True,
+        )
+        page = [
+            dataclasses.replace(row, request=json.loads(dump_json(row.request)))
+            for row in rows[query.offset : query.offset + query.limit + 1]
+        ]
+        return page[: query.limit], len(page) > query.limit
 
     async def load_after(self, afters: Mapping[str, int]) -> dict[str, list[StoredEvent]]:
         self._check_open()

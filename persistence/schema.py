@@ -259,5 +259,6 @@ conversation_items = Table(
     Column("response_id", Text),
     Column("recorded_at", Double, nullable=False),
     Index(None, "conversation_id", "item_id", "kind", unique=True),
+    Index(None, "item_id"),  # an item_reference to a conversation item (``find_items``)
     sqlite_with_rowid=False,
 )

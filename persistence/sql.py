@@ -83,6 +83,7 @@ from persistence.lifecycle import (
     initial_status,
     row_update,
 )
+from persistence.listing import ResponseQuery, sql_filters
 from persistence.migrate import current_async, head_revision, upgrade_async
 from persistence.records import (
     ApiKeyRow,
@@ -914,6 +915,33 @@ class SqlStore:
         async with self._read() as conn:
             rows = await conn.execute(query)
             return [StoredEvent(seq, type_, None, text) for seq, type_, text in rows]
+
+    async def load_times(self, response_id: str) -> list[tuple[int, str, float]]:
+        """``(seq, type, recorded_at)`` of every event: when each commit made its events durable
+        (events of one commit share its time). No payloads: the audit page's timeline."""
+        self._check_open()
+        if not _possible_id(response_id):
+            return []
+        query = (
+            select(_e.c.seq, _e.c.type, _e.c.recorded_at)
+            .where(_e.c.response_id == response_id)
+            .order_by(_e.c.seq)
+        )
+        async with self._read() as conn:
+            return [(seq, type_, at) for seq, type_, at in await conn.execute(query)]
+
+    async def list_responses(self, query: ResponseQuery) -> tuple[list[ResponseRow], bool]:
+        """A page of the responses ``query`` selects, newest first, and whether more follow."""
+        self._check_open()
+        statement = (
+            _ROWS.where(*sql_filters(query))
+            .order_by(_r.c.created_at.desc(), _r.c.id.desc())
+            .offset(query.offset)
+            .limit(query.limit + 1)
+        )
+        async with self._read() as conn:
+            rows = [_response_row(row) for row in await conn.execute(statement)]
+        return rows[: query.limit], len(rows) > query.limit
 
     async def load_after(self, afters: Mapping[str, int]) -> dict[str, list[StoredEvent]]:
         """The events of several logs, each after its own seq, in one query (followers on this

@@ -281,6 +281,27 @@ class SqlConversations:
             found = (await conn.execute(query)).scalar_one_or_none()
         return None if found is None else dict(found)
 
+    async def find_items(self, item_ids: Sequence[str], project: str) -> dict[str, JsonObject]:
+        """One query through the ``item_id`` index, whatever the conversations hold."""
+        self._check_open()
+        ids = sorted({i for i in item_ids if _possible_id(i)})
+        if not ids or not _possible_id(project):
+            return {}
+        query = (
+            select(_added.c.item_id, _added.c.item)
+            .join(conversations, conversations.c.id == _added.c.conversation_id)
+            .where(
+                _added.c.item_id.in_(ids),
+                _LIVE,
+                conversations.c.project == project,
+                conversations.c.deleted_at.is_(None),
+            )
+            .order_by(_added.c.recorded_at, _added.c.seq)
+        )
+        async with self._read() as conn:
+            rows = (await conn.execute(query)).all()
+        return {item_id: dict(item) for item_id, item in rows}  # the newest entry wins
+
     async def delete_item(self, conversation_id: str, project: str, item_id: str) -> bool:
         if not _possible_id(conversation_id):
             raise NotFound(f"no conversation {conversation_id!r}")

@@ -46,6 +46,7 @@ from persistence.conversations import ConversationStore
 from persistence.health import StoreHealth
 from persistence.item_index import LocatedItem
 from persistence.lifecycle import TERMINAL_EVENT_TYPES
+from persistence.listing import ResponseQuery
 from persistence.records import (
     ApiKeyRow,
     AuditRecord,
@@ -160,6 +161,16 @@ class EventStore(Protocol):
         ...
 
     async def get(self, response_id: str) -> ResponseRow | None: ...
+
+    async def load_times(self, response_id: str) -> list[tuple[int, str, float]]:
+        """``(seq, type, recorded_at)`` of every event of the log, in order: the time (unix
+        seconds) of the commit that made it durable (the audit page's timeline)."""
+        ...
+
+    async def list_responses(self, query: ResponseQuery) -> tuple[list[ResponseRow], bool]:
+        """A page of the responses ``query`` selects (``persistence.listing``), newest first,
+        and whether more follow. Every project's: the caller scopes."""
+        ...
 
     async def load_chain(
         self, response_id: str, *, project: str | None = None

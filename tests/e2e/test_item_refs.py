@@ -100,3 +100,33 @@ def test_a_missing_reference_is_a_400_naming_it(client: OpenAI) -> None:
         error: Any = caught.value.body
         assert error["param"] == "input[1].id"
         assert error["message"] == f"No item found with id '{missing}'"
+
+
+def test_a_reference_to_an_item_a_conversation_holds(client: OpenAI, engine: ScriptedEngine) -> None:
+    """An item added through the conversation items API (no response holds it) resolves too;
+    once deleted from its conversation (or the conversation deleted) it does not."""
+    conversation = client.conversations.create(
+        items=[{"type": "message", "role": "user", "content": "The code word is TANGERINE-9."}]
+    )
+    added = client.conversations.items.create(
+        conversation.id,
+        items=[{"type": "message", "role": "assistant", "content": "Noted: ORCHID-3."}],
+    ).data[0]
+    first = client.conversations.items.list(conversation.id, order="asc").data[0]
+
+    engine.add_turns({"completion": harmony(("final", "Both noted."))})
+    reply = client.responses.create(
+        model=MODEL, input=[_ref(first.id), _ref(added.id), {"role": "user", "content": "Which?"}]
+    )
+    assert reply.output_text == "Both noted."
+    prompt = _decode(engine.prompts[-1])
+    assert "TANGERINE-9" in prompt and "ORCHID-3" in prompt
+    assert "<|start|>assistant<|channel|>final<|message|>Noted: ORCHID-3." in prompt
+
+    client.conversations.items.delete(added.id, conversation_id=conversation.id)
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.responses.create(model=MODEL, input=[_ref(added.id)])
+    assert caught.value.body["message"] == f"No item found with id '{added.id}'"  # type: ignore[index]
+    client.conversations.delete(conversation.id)
+    with pytest.raises(openai.BadRequestError):
+        client.responses.create(model=MODEL, input=[_ref(first.id)])

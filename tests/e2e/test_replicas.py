@@ -156,22 +156,27 @@ def test_a_killed_replicas_streams_are_continued_by_the_survivors(cluster: Clust
         assert (final["status"], output_text(final)) == ("completed", TEXT)
 
 
-def _backgrounds(cluster: Cluster, n: int) -> list[str]:
-    """``n`` background responses created through the balancer; their ids."""
+def _backgrounds(cluster: Cluster, n: int, conversations: list[str] | None = None) -> list[str]:
+    """``n`` background responses created through the balancer (the i-th naming
+    ``conversations[i]``, if given); their ids."""
     ids = []
-    for _ in range(n):
-        answer = httpx.post(
-            cluster.url + "/v1/responses",
-            json={"model": MODEL, "input": "go", "background": True},
-            timeout=30,
-        )
+    for i in range(n):
+        body: dict[str, Any] = {"model": MODEL, "input": "go", "background": True}
+        if conversations:
+            body["conversation"] = conversations[i]
+        answer = httpx.post(cluster.url + "/v1/responses", json=body, timeout=30)
         assert answer.status_code == 200, answer.text
         ids.append(str(answer.json()["id"]))
     return ids
 
 
 def test_a_killed_replicas_background_responses_complete(cluster: Cluster) -> None:
-    ids = _backgrounds(cluster, 9)
+    """...and each appends its turn to the conversation it names, wherever it ended."""
+    conversations = [
+        httpx.post(cluster.url + "/v1/conversations", json={}, timeout=30).json()["id"]
+        for _ in range(9)
+    ]
+    ids = _backgrounds(cluster, 9, conversations)
 
     def generating() -> bool:
         rows = cluster.sql(
@@ -189,6 +194,12 @@ def test_a_killed_replicas_background_responses_complete(cluster: Cluster) -> No
         assert (final["status"], output_text(final)) == ("completed", TEXT), rid
     for rid in owned:
         _assert_taken_over(cluster, rid, dead)
+    for conversation in conversations:
+        items = httpx.get(
+            f"{cluster.url}/v1/conversations/{conversation}/items?order=asc", timeout=10
+        ).json()["data"]
+        assert [(i["type"], i["role"]) for i in items] == [("message", "user"), ("message", "assistant")]
+        assert items[1]["content"][0]["text"] == TEXT
 
 
 def test_a_replica_starting_while_the_others_stream_fails_nothing(workdir: Path) -> None:

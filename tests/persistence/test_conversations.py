@@ -125,6 +125,26 @@ async def test_items_in_order_pages_and_deletions(store: ConversationStore) -> N
     assert await store.get_item("conv_1", "alpha", "msg_0") is not None
 
 
+async def test_find_items_sees_what_the_projects_conversations_hold_now(
+    store: ConversationStore,
+) -> None:
+    await store.create(_row("conv_1"), [_message("msg_a", "one"), _message("msg_b", "two")])
+    await store.create(_row("conv_2"), [_message("msg_c", "three")])
+    await store.create(_row("conv_3", project="beta"), [_message("msg_d", "four")])
+    found = await store.find_items(["msg_a", "msg_c", "msg_d", "msg_none", "x" * 300], "alpha")
+    assert found == {"msg_a": _message("msg_a", "one"), "msg_c": _message("msg_c", "three")}
+    assert await store.find_items(["msg_d"], "beta") == {"msg_d": _message("msg_d", "four")}
+    assert await store.delete_item("conv_1", "alpha", "msg_a")
+    assert await store.delete("conv_2", "alpha")
+    assert await store.find_items(["msg_a", "msg_b", "msg_c"], "alpha") == {
+        "msg_b": _message("msg_b", "two")
+    }
+    # one id in two conversations: the newest entry
+    await store.create(_row("conv_4"), [_message("msg_b", "two, again")])
+    assert await store.find_items(["msg_b"], "alpha") == {"msg_b": _message("msg_b", "two, again")}
+    assert await store.find_items([], "alpha") == {}
+
+
 async def test_concurrent_appends_to_one_conversation_all_land(store: ConversationStore) -> None:
     """Two writers never take the same seq: every append lands, each one whole."""
     await store.create(_row(), [])
