@@ -99,6 +99,19 @@ def _hooks_cost(n: int = 1_000_000) -> float:
     return with_metrics - (time.perf_counter() - start) / n
 
 
+def _call_cost(n: int = 1_000_000) -> float:
+    """Seconds per call of an empty Python function here and now: how fast this machine is at
+    the moment (the figures above scale with it on a machine shared with other work)."""
+
+    def empty() -> None:
+        return None
+
+    start = time.perf_counter()
+    for _ in range(n):
+        empty()
+    return (time.perf_counter() - start) / n
+
+
 def _observe_cost(n: int = 1_000_000) -> tuple[float, float]:
     ours = Histogram("bench_seconds", "bench", (0.001, 0.01, 0.1, 1.0, 10.0))
     start = time.perf_counter()
@@ -123,6 +136,7 @@ async def per_token(tokens: int, reps: int) -> dict[str, float]:
     ours, theirs = _observe_cost()
     return {
         "hooks_us": min(_hooks_cost() for _ in range(3)) * 1e6,
+        "call_us": min(_call_cost() for _ in range(3)) * 1e6,
         "off_us": statistics.median(off) * 1e6,
         "on_us": statistics.median(on) * 1e6,
         "cost_us": (statistics.median(on) - statistics.median(off)) * 1e6,
@@ -230,7 +244,8 @@ async def main() -> None:
         f"metrics cost {cost['cost_us']:+.3f} us per token (pairs {cost['pairs_cost_us_min']:+.3f} "
         f"to {cost['pairs_cost_us_max']:+.3f}); the metrics' work per commit timed alone: "
         f"{cost['hooks_us']:.3f} us; one observation: {cost['observe_us']:.3f} us "
-        f"(prometheus_client's Histogram: {cost['prometheus_client_observe_us']:.3f} us)"
+        f"(prometheus_client's Histogram: {cost['prometheus_client_observe_us']:.3f} us); "
+        f"an empty function call: {cost['call_us']:.3f} us"
     )
     if not args.skip_scrape:
         s = await scrape(args.responses, args.scrapes)
