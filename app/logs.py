@@ -5,8 +5,9 @@ JSON object a line; or ``text``) and the level (``RESPONSES_LEDGER_LOG_LEVEL``) 
 logger, for everything the process logs (uvicorn's lines too, under ``responses-ledger serve``).
 
 :class:`RequestLog` writes one line per request when its exchange ends (a stream: when it
-ends), logger ``app.requests``: method, path, HTTP status, duration, the caller's project and
-key id, and for a response its id, model, status, token counts and time to its first byte. A
+ends; health checks and scrapes at DEBUG), logger ``app.requests``: method, path, HTTP status,
+duration, the caller's project and key id, and for a response its id, model, status, token
+counts and time to its first byte. A
 request that failed (HTTP 5xx, or a response that ended ``failed``) is logged at ERROR with the
 response id and the error's code and message.
 
@@ -32,8 +33,13 @@ __all__ = ["RUN", "JsonFormatter", "RequestLog", "configure"]
 RUN = "ledger.run"
 
 _requests = logging.getLogger("app.requests")
+_PROBES = ("/health", "/metrics")
 #: LogRecord attributes that are not a caller's ``extra``.
-_STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
+_STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {
+    "message",
+    "asctime",
+    "color_message",  # uvicorn's message again, with terminal colours
+}
 
 
 class JsonFormatter(logging.Formatter):
@@ -123,6 +129,8 @@ def _log_request(scope: Scope, seen: dict[str, float], started: float) -> None:
         line["response_id"] = response_id
     run = scope.get(RUN)
     level = logging.ERROR if status >= 500 else logging.INFO
+    if status < 500 and scope["path"].startswith(_PROBES):
+        level = logging.DEBUG  # a balancer's health checks, twice a second: not news
     if run is not None:
         line["response_id"] = run.id
         line["model"] = run.model
