@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,6 +77,20 @@ def ledger(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ledger]:
 
 
 @pytest.fixture
+def sdk(ledger: Ledger) -> Iterator[Callable[[str], OpenAI]]:
+    """OpenAI SDK clients of the server with a given key, closed after the test."""
+    made: list[OpenAI] = []
+
+    def make(key: str) -> OpenAI:
+        made.append(OpenAI(base_url=ledger.url + "/v1", api_key=key, max_retries=0))
+        return made[-1]
+
+    yield make
+    for client in made:
+        client.close()
+
+
+@pytest.fixture
 def log_lines() -> Iterator[list[str]]:
     """What the process logs meanwhile, as the JSON formatter writes it."""
     lines: list[str] = []
@@ -98,9 +112,11 @@ def log_lines() -> Iterator[list[str]]:
         root.setLevel(level)
 
 
-def test_counters_move_as_a_client_streams_and_reads(ledger: Ledger) -> None:
+def test_counters_move_as_a_client_streams_and_reads(
+    ledger: Ledger, sdk: Callable[[str], OpenAI]
+) -> None:
     before = ledger.scrape()
-    client = OpenAI(base_url=ledger.url + "/v1", api_key=ledger.member_key, max_retries=0)
+    client = sdk(ledger.member_key)
     ledger.engine.add_turns(
         {"completion": harmony(("analysis", "thinking"), ("final", "one two three four five"))}
     )
@@ -118,7 +134,7 @@ def test_counters_move_as_a_client_streams_and_reads(ledger: Ledger) -> None:
         assert r.status_code == 200
         r.read()
     with pytest.raises(openai.AuthenticationError):
-        OpenAI(base_url=ledger.url + "/v1", api_key="sk-rl-wrong", max_retries=0).models.list()
+        sdk("sk-rl-wrong").models.list()
 
     after = ledger.scrape()
     key = f'ledger_responses_total{{model="{MODEL}",status="completed"}}'
@@ -135,8 +151,7 @@ def test_counters_move_as_a_client_streams_and_reads(ledger: Ledger) -> None:
     )
     assert after['ledger_time_to_first_token_seconds_bucket{le="+Inf"}'] == after[ttft]
     assert (
-        after["ledger_commit_latency_seconds_count"]
-        > before["ledger_commit_latency_seconds_count"]
+        after["ledger_commit_latency_seconds_count"] > before["ledger_commit_latency_seconds_count"]
     )
     assert after["ledger_commits_total"] > before["ledger_commits_total"]
     # every event of both logs was appended, and counted once per commit in the batch histogram
@@ -153,11 +168,13 @@ def test_counters_move_as_a_client_streams_and_reads(ledger: Ledger) -> None:
     assert "process_cpu_seconds_total" in after  # prometheus_client's global registry too
 
 
-def test_inter_event_latency_is_observed_per_batch(ledger: Ledger) -> None:
+def test_inter_event_latency_is_observed_per_batch(
+    ledger: Ledger, sdk: Callable[[str], OpenAI]
+) -> None:
     before = ledger.scrape()
     words = " ".join(f"w{i}" for i in range(40))
     ledger.engine.add_turns({"completion": harmony(("final", words)), "token_delay_ms": 5})
-    client = OpenAI(base_url=ledger.url + "/v1", api_key=ADMIN, max_retries=0)
+    client = sdk(ADMIN)
     events = list(client.responses.create(model=MODEL, input="x", stream=True))
     deltas = sum(1 for e in events if e.type.endswith(".delta"))
     after = ledger.scrape()
@@ -197,17 +214,15 @@ def test_metrics_off_is_a_404_and_open_servers_serve_them(tmp_path: Path) -> Non
 
 
 def test_one_json_line_per_request_without_keys_or_prompt_text(
-    ledger: Ledger, log_lines: list[str]
+    ledger: Ledger, log_lines: list[str], sdk: Callable[[str], OpenAI]
 ) -> None:
-    client = OpenAI(base_url=ledger.url + "/v1", api_key=ledger.member_key, max_retries=0)
+    client = sdk(ledger.member_key)
     ledger.engine.add_turns({"completion": harmony(("final", f"echo {PROMPT_MARKER}"))})
     response = client.responses.create(
         model=MODEL, input=f"say {PROMPT_MARKER}", instructions=PROMPT_MARKER
     )
     with pytest.raises(openai.AuthenticationError):
-        OpenAI(base_url=ledger.url + "/v1", api_key=ADMIN + "x", max_retries=0).responses.retrieve(
-            response.id
-        )
+        sdk(ADMIN + "x").responses.retrieve(response.id)
     client.responses.retrieve(response.id)
 
     text = "\n".join(log_lines)
