@@ -1,7 +1,8 @@
 """``Authorization: Bearer KEY`` on every ``/v1`` route, as an ASGI middleware.
 
-A request to ``/v1`` without a valid key is answered 401 with OpenAI's error (``type``
-``invalid_request_error``, ``code`` ``invalid_api_key``) and a ``WWW-Authenticate`` header;
+A request (or WebSocket upgrade, ``app.websocket``) to ``/v1`` without a valid key is answered
+401 with OpenAI's error (``type`` ``invalid_request_error``, ``code`` ``invalid_api_key``) and a
+``WWW-Authenticate`` header;
 the message never repeats the key. A valid key's :class:`~app.keys.Caller` is put in the scope
 for the routes (``app.ownership``, ``app.limits``), its rate is counted (429 over it), and the
 stream slots the route took are given back when the exchange ends.
@@ -13,18 +14,20 @@ request as :data:`~app.keys.OPEN_CALLER`, the default project. ``/health`` needs
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
 from starlette.requests import Request
+from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from app.errors import APIError, handle_exception
+from app.errors import APIError, error_body, handle_exception, to_api_error
 from app.keys import OPEN_CALLER, Caller, KeyRing
 from app.limits import CALLER, RELEASE, KeyLimits
 from persistence.errors import StoreError
 
-__all__ = ["KeyAuth"]
+__all__ = ["KeyAuth", "refuse_upgrade"]
 
 _BEARER = b"bearer "
 
@@ -34,7 +37,7 @@ class KeyAuth:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not _guarded(scope["path"]):
+        if scope["type"] not in ("http", "websocket") or not _guarded(scope["path"]):
             await self.app(scope, receive, send)
             return
         state = scope["app"].state
@@ -109,5 +112,23 @@ def _unauthorized(presented: bool) -> APIError:
 
 
 async def _answer(scope: Scope, receive: Receive, send: Send, exc: Exception) -> None:
+    if scope["type"] == "websocket":
+        await refuse_upgrade(scope, receive, send, to_api_error(exc))
+        return
     response: Any = await handle_exception(Request(scope, receive), exc)
     await response(scope, receive, send)
+
+
+async def refuse_upgrade(scope: Scope, receive: Receive, send: Send, err: APIError) -> None:
+    """A WebSocket upgrade refused as its HTTP request would be: the same status, headers and
+    JSON error (the ASGI denial response, which uvicorn serves). A server without it gets the
+    socket accepted, the error as an ``error`` message, and a close with code 1008."""
+    body = error_body(err.message, err.type, err.param, err.code)
+    if "websocket.http.response" in scope.get("extensions", {}):
+        await JSONResponse(body, status_code=err.status, headers=err.headers)(scope, receive, send)
+        return
+    await receive()  # websocket.connect
+    await send({"type": "websocket.accept"})
+    event = {"type": "error", "status": err.status, "error": body["error"]}
+    await send({"type": "websocket.send", "text": json.dumps(event)})
+    await send({"type": "websocket.close", "code": 1008, "reason": err.message[:120]})

@@ -17,6 +17,9 @@ ways in, before any route (or key check) runs:
   ``RESPONSES_LEDGER_CORS_ORIGINS`` names the origins a browser may call from (Starlette's
   ``CORSMiddleware`` then answers their preflights and adds the headers).
 
+WebSocket upgrades (``app.websocket``) get the Host and Origin checks too: a page may open a
+WebSocket to any origin without CORS, and the browser sends its ``Origin`` with the upgrade.
+
 Clients that are not browsers (the OpenAI SDKs, curl, Codex) send JSON with its content type,
 their own ``Host`` and no ``Origin``: none of this changes anything for them.
 """
@@ -26,6 +29,7 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from app.auth import refuse_upgrade
 from app.errors import APIError, handle_exception
 from app.keys import is_loopback
 
@@ -52,11 +56,14 @@ class BrowserGuard:
         self._any_origin = "*" in origins
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
         refusal = self._check(scope)
         if refusal is not None:
+            if scope["type"] == "websocket":  # refused as its upgrade request (app.auth)
+                await refuse_upgrade(scope, receive, send, refusal)
+                return
             response = await handle_exception(Request(scope, receive), refusal)
             await response(scope, receive, send)
             return
@@ -94,7 +101,7 @@ class BrowserGuard:
                 code="origin_not_allowed",
             )
         has_body = chunked is not None or (length is not None and length.strip() not in (b"", b"0"))
-        if scope["method"] in _BODY_METHODS and has_body and not _is_json(content_type):
+        if scope["type"] == "http" and scope["method"] in _BODY_METHODS and has_body and not _is_json(content_type):
             return APIError(
                 415,
                 "The request body must be JSON, sent with 'Content-Type: application/json'.",

@@ -37,6 +37,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--script", help="the scripted engine's JSON file")
     serve.add_argument("--commit-window-ms", type=float)
     serve.add_argument("--log-level")
+    serve.add_argument(
+        "--frontends", type=int, help="frontend processes on the one port over one engine (default 1)"
+    )
     # --model, --served-model-name and the vLLM engine options (vllm is imported only when the
     # vllm engine starts, so this works without it installed)
     add_engine_arguments(serve)
@@ -91,9 +94,14 @@ def _serve(args: argparse.Namespace) -> None:
         served_model_names=tuple(served) if served else None,
         commit_window_ms=args.commit_window_ms,
         log_level=args.log_level,
+        frontends=args.frontends,
         engine_options=engine_options or None,
     )
     logs.configure(settings.log_level, settings.log_format)
+    if settings.frontends != 1:
+        from app import frontends
+
+        sys.exit(frontends.serve(settings))
     app = create_app(settings)
     transport.run(app, settings)
 

@@ -41,7 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from app.contract import INCLUDES
 from app.errors import APIError, not_found
 from app.reasoning_crypto import ReasoningCipher
-from app.wire import check_metadata, list_page
+from app.wire import ITEMS_SCHEMA, METADATA_SCHEMA, check_metadata, list_page
 from domain.errors import InvalidInput
 from domain.projections import output_as_input
 from domain.prompt import PromptRequest, render_prompt
@@ -71,22 +71,26 @@ _APPENDED = frozenset({"completed", "incomplete"})
 
 class CreateConversation(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    items: list[dict[str, Any]] | None = Field(default=None, max_length=MAX_ITEMS)
-    metadata: dict[str, str] | None = None
+    items: list[dict[str, Any]] | None = Field(
+        default=None, max_length=MAX_ITEMS, json_schema_extra=ITEMS_SCHEMA
+    )
+    metadata: dict[str, str] | None = Field(default=None, json_schema_extra=METADATA_SCHEMA)
 
     _metadata = field_validator("metadata")(check_metadata)
 
 
 class UpdateConversation(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    metadata: dict[str, str]
+    metadata: dict[str, str] = Field(json_schema_extra=METADATA_SCHEMA)
 
     _metadata = field_validator("metadata")(check_metadata)
 
 
 class NewItems(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    items: list[dict[str, Any]] = Field(min_length=1, max_length=MAX_ITEMS)
+    items: list[dict[str, Any]] = Field(
+        min_length=1, max_length=MAX_ITEMS, json_schema_extra=ITEMS_SCHEMA
+    )
 
 
 def conversation_param(value: Any, previous_response_id: str | None) -> str | None:

@@ -11,7 +11,8 @@
    (``app.takeover``). The streams this replica serves go on following the log, so their
    clients see the continuation without noticing, for up to ``DRAIN_S`` again; a stream still
    open after that ends with an ``error`` event (``server_shutting_down``) that says how to
-   resume. Alone (no other live replica, or SQLite), the responses end ``response.incomplete``
+   resume. Alone (no other live replica, or SQLite; frontends of one ``--frontends`` parent
+   stopped together count as alone, see ``app.frontends``), the responses end ``response.incomplete``
    with ``incomplete_details.reason`` ``server_shutdown``.
 4. Then the server exits (uvicorn's own shutdown: the listening socket closes, the lifespan
    ends).
@@ -24,6 +25,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
+from app.frontends import group_peers
 from app.leases import live_ids
 
 if TYPE_CHECKING:
@@ -66,7 +68,9 @@ class Drain:
         others: list[str] = []
         try:
             rows = await service.store.replicas()
-            others = [r for r in live_ids(rows, service.replica, time.time()) if r != service.replica.id]
+            # frontends of this process's group stopping with it take nothing over (app.frontends)
+            leaving = group_peers(rows, service.replica) | {service.replica.id}
+            others = [r for r in live_ids(rows, service.replica, time.time()) if r not in leaving]
         except Exception as exc:  # cannot tell: the responses end here rather than wait for a sweep
             log.warning("draining: the replicas could not be read (%s)", exc)
         if others and service.store_is_shared:

@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from app import input_tokens, transport
+from app import input_tokens, openapi, transport
 from app.body import json_body
 from app.contract import check_request
 from app.conversation_routes import routes as conversation_routes
@@ -30,6 +30,7 @@ from app.metrics import CONTENT_TYPE, Metrics
 from app.ownership import caller_of, scoped
 from app.service import ResponseService
 from app.ui import routes as ui_routes
+from app.websocket import routes as websocket_routes
 from app.wire import CreateResponse
 from persistence.errors import StoreUnavailable
 
@@ -261,8 +262,9 @@ def _allowed(request: Request) -> str:
     the first route that matched the path)."""
     methods: list[str] = []
     for route in routes:
-        if route.name != "unknown_action" and route.path_regex.match(request.url.path) and route.methods:
-            methods.extend(m for m in sorted(route.methods) if m not in methods)
+        methods_of = getattr(route, "methods", None)
+        if route.name != "unknown_action" and route.path_regex.match(request.url.path) and methods_of:
+            methods.extend(m for m in sorted(methods_of) if m not in methods)
     return ", ".join(methods)
 
 
@@ -344,10 +346,13 @@ routes = [
     Route("/v1/responses/{response_id}/input_items", guard(scoped(list_input_items)), methods=["GET"]),
     Route("/v1/responses/{response_id}/events", guard(scoped(list_events, audit=True)), methods=["GET"]),
     *conversation_routes,  # /v1/conversations (app.conversation_routes)
+    *websocket_routes,  # WebSocket mode on /v1/responses (app.websocket)
     Route("/v1/models", guard(list_models), methods=["GET"]),
     Route("/health", guard(health), methods=["GET"]),
     Route("/health/live", guard(live), methods=["GET"]),
     Route("/health/ready", guard(ready), methods=["GET"]),
     Route("/metrics", guard(metrics), methods=["GET"]),
     *ui_routes,  # /ui, the audit page (app.ui)
+    # the OpenAPI document of these routes (app.openapi: add an Operation there for a new route)
+    Route("/openapi.json", guard(openapi.serve), methods=["GET"]),
 ]

@@ -61,7 +61,9 @@ async def count(service: ResponseService, body: dict[str, Any], *, project: str)
         )
     fields = {name: value for name, value in body.items() if name != "personality"}
     check_request(fields)
-    model = fields.get("model") or service.model_names()[0]
+    model = fields.get("model")
+    if model is None:  # left out: the first served model (anything else is the wire model's to check)
+        model = service.model_names()[0]
     request = CreateResponse.model_validate({**fields, "model": model, "store": False})
     service.resolve_model(request.model)
     conversation = conversation_param(getattr(request, "conversation", None), request.previous_response_id)

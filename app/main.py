@@ -16,7 +16,7 @@ import dataclasses
 import gc
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from pydantic import ValidationError
@@ -30,6 +30,7 @@ from app.browser import BrowserGuard, allowed_hosts
 from app.encoding import load_encoding
 from app.engines.protocol import Engine, EngineError
 from app.errors import APIError, handle_exception
+from app.frontends import ReplicaHeader
 from app.http import route_error, routes
 from app.keys import KeyRing, is_loopback, keys_required
 from app.leases import SingleProcessOnly, check_single_process
@@ -50,7 +51,9 @@ __all__ = ["build_engine", "create_app", "tune_gc"]
 log = logging.getLogger(__name__)
 
 
-def build_engine(settings: Settings) -> Engine:
+def build_engine(settings: Settings, engine_core: Mapping[str, Any] | None = None) -> Engine:
+    """``engine_core``: the vLLM engine core another process started, to attach to
+    (``app.frontends``); the echo and scripted engines run in every process."""
     encoding = load_encoding()
     names = settings.model_names
     if settings.engine == "echo":
@@ -72,7 +75,7 @@ def build_engine(settings: Settings) -> Engine:
             served_model_names=settings.served_model_names or None,
             **settings.engine_options,
         )
-        return VllmEngine(dataclasses.replace(config, prometheus=settings.metrics))
+        return VllmEngine(dataclasses.replace(config, prometheus=settings.metrics), core=engine_core)
     raise SystemExit(f"unknown engine {settings.engine!r}: use echo, scripted or vllm")
 
 
@@ -100,9 +103,11 @@ def create_app(
     *,
     engine: Engine | None = None,
     store: EventStore | None = None,
+    engine_core: Mapping[str, Any] | None = None,
 ) -> Starlette:
     """``engine`` and ``store`` may be given (tests); otherwise they are built from settings.
-    Given ones are started if needed but never stopped or closed here: they belong to the caller."""
+    Given ones are started if needed but never stopped or closed here: they belong to the caller.
+    ``engine_core``: see :func:`build_engine`."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -114,7 +119,7 @@ def create_app(
             if own_store:
                 await the_store.close()
             raise
-        the_engine = engine if engine is not None else build_engine(settings)
+        the_engine = engine if engine is not None else build_engine(settings, engine_core)
         await the_engine.start()
         if settings.reasoning_key:
             key = base64.b64decode(settings.reasoning_key)
@@ -140,7 +145,7 @@ def create_app(
         )
         app.state.service = service
         if settings.database_url.startswith("sqlite"):
-            try:  # SQLite serves one process: refuse to be a second one
+            try:  # SQLite serves one process: refuse to be a second one (--frontends too)
                 check_single_process(await the_store.replicas(), service.replica, time.time())
             except SingleProcessOnly as exc:
                 if engine is None:
@@ -217,6 +222,7 @@ def create_app(
         ),
         Middleware(KeyAuth),
         Middleware(AuditGate),  # /ui: admins only when keys are required (app.ui)
+        *([Middleware(ReplicaHeader)] if settings.frontends > 1 else []),
     ]
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=handled, middleware=middleware)
     app.state.ready = False

@@ -267,7 +267,7 @@ class ResponseService:
             model=model,
             started=started,
         )
-        skeleton = self._skeleton(request, response_id, created_at, model)
+        skeleton = self.skeleton(request, response_id, created_at, model)
         if conversation:
             skeleton["conversation"] = {"id": conversation}
         if request.store:
@@ -433,7 +433,8 @@ class ResponseService:
             logprobs=requested_logprobs(request, self.engine),
         )
 
-    def _skeleton(self, request: CreateResponse, response_id: str, created_at: int, model: str) -> dict[str, Any]:
+    def skeleton(self, request: CreateResponse, response_id: str, created_at: int, model: str) -> dict[str, Any]:
+        """The Response of ``response.created``: every field of OpenAI's, the request echoed."""
         data = request.model_dump()
         skeleton: dict[str, Any] = {
             **UNSET_FIELDS,  # every field of OpenAI's Response, null until known

@@ -135,6 +135,8 @@ class Settings:
     log_format: str = "json"
     #: Prometheus metrics (``GET /metrics``, ``app.metrics``); false: none are kept or served.
     metrics: bool = True
+    #: Frontend processes on one port over one engine (``app.frontends``); 1: this process alone.
+    frontends: int = 1
     #: Garbage collector tuning, applied once start-up is done: everything alive then is frozen
     #: (``gc.freeze``: never scanned again) and the thresholds are set to this. Streaming makes
     #: several container objects per token; with Python's default (700, 10, 10) the collector
@@ -209,6 +211,7 @@ class Settings:
             "RESPONSES_LEDGER_LOG_LEVEL": ("log_level", str),
             "RESPONSES_LEDGER_LOG_FORMAT": ("log_format", _log_format),
             "RESPONSES_LEDGER_METRICS": ("metrics", _bool),
+            "RESPONSES_LEDGER_FRONTENDS": ("frontends", int),
             "RESPONSES_LEDGER_API_KEY": ("api_key", str),
             "RESPONSES_LEDGER_REQUIRE_API_KEY": ("require_api_key", _bool),
             "RESPONSES_LEDGER_RUN_OPEN": ("run_open", _bool),

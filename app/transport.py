@@ -36,6 +36,10 @@ one ``Settings.http_implementation`` names):
   waiting. The response goes on (``store=true`` responses outlive their readers; see
   ``app.service``), and a client can resume it from the log.
 
+A WebSocket upgrade (``app.websocket``) leaves these limits once its head is read: the
+connection counts as busy until the socket closes (never evicted, no header timeout), and
+uvicorn's WebSocket protocol bounds its sends itself (its write buffer and ping timeout).
+
 A connection's control reaches the app as the ASGI scope extension ``EXTENSION``; without it
 (another server, httpx's ASGI transport) :func:`bounded_send` returns ``send`` unchanged.
 
@@ -292,6 +296,26 @@ class _Guard:
             return
         super().data_received(data)  # type: ignore[misc]
         self._sync()
+
+    def handle_websocket_upgrade(self, *args: Any) -> None:
+        """A WebSocket upgrade (``app.websocket``) hands the socket to uvicorn's WebSocket
+        protocol: this connection is busy from now on (never evicted, no head timer left to
+        answer 408 into the socket) and is counted gone when that protocol loses it."""
+        self._busy()
+        self._cancel_timers()
+        super().handle_websocket_upgrade(*args)  # type: ignore[misc]
+        upgraded = self.transport.get_protocol()
+        if upgraded is self:
+            return
+        lost = upgraded.connection_lost
+
+        def connection_lost(exc: Exception | None) -> None:
+            if self._counted:
+                self._counted = False
+                self._connections.gone(self)
+            lost(exc)
+
+        upgraded.connection_lost = connection_lost  # type: ignore[method-assign]
 
     def pause_writing(self) -> None:
         super().pause_writing()  # type: ignore[misc]

@@ -13,7 +13,36 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-__all__ = ["CreateResponse", "Reasoning", "check_metadata", "list_page"]
+from app.contract import SUPPORTED_TOOL_TYPES
+
+__all__ = [
+    "ITEMS_SCHEMA",
+    "METADATA_SCHEMA",
+    "CreateResponse",
+    "Reasoning",
+    "check_metadata",
+    "list_page",
+]
+
+#: :func:`check_metadata`'s limits as JSON Schema, for the OpenAPI document (``app.openapi``):
+#: each applies to an object only, so it sits beside a field's ``null`` alternative.
+METADATA_SCHEMA: dict[str, Any] = {
+    "maxProperties": 16,
+    "propertyNames": {"maxLength": 64},
+    "additionalProperties": {"type": "string", "maxLength": 512},
+}
+#: An array of input items as the edge checks them: objects with a ``type`` or a ``role`` (their
+#: shapes are ``domain.prompt``'s to check).
+ITEMS_SCHEMA: dict[str, Any] = {
+    "items": {"type": "object", "anyOf": [{"required": ["type"]}, {"required": ["role"]}]}
+}
+#: An object with a string ``type`` (an object ``tool_choice``; a tool, of a type the server offers).
+_TYPED: dict[str, Any] = {"required": ["type"], "properties": {"type": {"type": "string"}}}
+_TOOL: dict[str, Any] = {
+    "type": "object",
+    "required": ["type"],
+    "properties": {"type": {"enum": list(SUPPORTED_TOOL_TYPES)}},
+}
 
 
 def check_metadata(value: dict[str, str] | None) -> dict[str, str] | None:
@@ -50,20 +79,22 @@ class CreateResponse(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     model: str = Field(min_length=1)
-    input: str | list[dict[str, Any]] = Field(default_factory=list)
+    input: str | list[dict[str, Any]] = Field(default_factory=list, json_schema_extra=ITEMS_SCHEMA)
     instructions: str | None = None
     previous_response_id: str | None = None
     stream: bool = False
     store: bool = True
     background: bool = False
-    tools: list[dict[str, Any]] = Field(default_factory=list)
-    tool_choice: Literal["auto", "none", "required"] | dict[str, Any] = "auto"
+    tools: list[dict[str, Any]] = Field(default_factory=list, json_schema_extra={"items": _TOOL})
+    tool_choice: Literal["auto", "none", "required"] | dict[str, Any] = Field(
+        default="auto", json_schema_extra=_TYPED
+    )
     max_output_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, ge=0, le=1)
     reasoning: Reasoning | None = None
     include: list[str] | None = None
-    metadata: dict[str, str] | None = None
+    metadata: dict[str, str] | None = Field(default=None, json_schema_extra=METADATA_SCHEMA)
     parallel_tool_calls: bool = True
     text: dict[str, Any] | None = None
     user: str | None = None

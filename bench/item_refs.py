@@ -9,6 +9,8 @@ times, through :mod:`app.item_refs` (what ``POST /v1/responses`` runs before ren
 - one reference to the output message of a random stored response;
 - six references (a three-turn Vercel AI SDK chat: two items per earlier turn), one query;
 - one reference to an input item;
+- one reference to an item added through the conversation items API (1,000 conversations of
+  two items; found through ``conversation_items``' item id index after the item index misses);
 - a reference to a missing id (the 400 path);
 - for scale, ``load_chain`` of a one-response ``previous_response_id`` chain (a chain look-up).
 
@@ -37,6 +39,7 @@ from app import item_refs
 from app.service import new_id
 from domain.builder import ResponseBuilder, Usage
 from domain.projections import payload, payload_json
+from persistence.conversations import ConversationRow
 from persistence.records import NewResponse, StoredEvent
 from persistence.sql import SqlStore, open_store
 
@@ -125,6 +128,20 @@ async def measure(url: str, responses: int) -> dict[str, tuple[float, float]]:
             ref = "msg_" + secrets.token_hex(24)
             assert ref not in await item_refs.resolve(store, _PROJECT, refs([ref]))
 
+        held: list[str] = []  # items added through the conversation items API
+        for n in range(1000):
+            conversation = ConversationRow(new_id("conv"), _PROJECT, n)
+            items = [
+                {"id": new_id("msg"), "type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}
+                for _ in range(2)
+            ]
+            await store.conversations.create(conversation, items)
+            held.extend(item["id"] for item in items)
+
+        async def one_conversation_item() -> None:
+            ref = rng.choice(held)
+            assert ref in await item_refs.resolve(store, _PROJECT, refs([ref]))
+
         last = new_id("resp")
         await store.create_response(
             NewResponse(last, "bench", 0, None, False, {"model": "bench"}, [], project=_PROJECT)
@@ -137,7 +154,8 @@ async def measure(url: str, responses: int) -> dict[str, tuple[float, float]]:
             "one output item": await _timings(one_output),
             "six items (one query)": await _timings(six),
             "one input item": await _timings(one_input),
-            "a missing id": await _timings(missing),
+            "one conversation item": await _timings(one_conversation_item),
+            "a missing id (both indexes)": await _timings(missing),
             "chain look-up (for scale)": await _timings(chain),
         }
     finally:

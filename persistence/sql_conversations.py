@@ -282,25 +282,37 @@ class SqlConversations:
         return None if found is None else dict(found)
 
     async def find_items(self, item_ids: Sequence[str], project: str) -> dict[str, JsonObject]:
-        """One query through the ``item_id`` index, whatever the conversations hold."""
+        """One query that starts from the ``item_id`` index: every entry of these ids, each
+        with its conversation's project and deletion through correlated primary-key look-ups
+        (as a join, the planners started from the project's conversations: 2.5 ms at 1,000 of
+        them on PostgreSQL, growing with the project). Deletions are applied here."""
         self._check_open()
         ids = sorted({i for i in item_ids if _possible_id(i)})
         if not ids or not _possible_id(project):
             return {}
+        log = conversation_items
+        owner = conversations.alias("owner")
+        of_log = owner.c.id == log.c.conversation_id
         query = (
-            select(_added.c.item_id, _added.c.item)
-            .join(conversations, conversations.c.id == _added.c.conversation_id)
-            .where(
-                _added.c.item_id.in_(ids),
-                _LIVE,
-                conversations.c.project == project,
-                conversations.c.deleted_at.is_(None),
+            select(
+                log.c.conversation_id,
+                log.c.kind,
+                log.c.item_id,
+                log.c.item,
+                select(owner.c.project).where(of_log).scalar_subquery(),
+                select(owner.c.deleted_at).where(of_log).scalar_subquery(),
             )
-            .order_by(_added.c.recorded_at, _added.c.seq)
+            .where(log.c.item_id.in_(ids))
+            .order_by(log.c.recorded_at, log.c.seq)
         )
         async with self._read() as conn:
             rows = (await conn.execute(query)).all()
-        return {item_id: dict(item) for item_id, item in rows}  # the newest entry wins
+        gone = {(conv, item_id) for conv, kind, item_id, *_ in rows if kind == DELETED}
+        return {  # the newest entry wins
+            item_id: dict(item)
+            for conv, kind, item_id, item, held_by, deleted_at in rows
+            if kind == ADDED and held_by == project and deleted_at is None and (conv, item_id) not in gone
+        }
 
     async def delete_item(self, conversation_id: str, project: str, item_id: str) -> bool:
         if not _possible_id(conversation_id):

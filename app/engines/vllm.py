@@ -330,8 +330,12 @@ class VllmEngine:
 
     supports_logprobs = True
 
-    def __init__(self, config: VllmEngineConfig) -> None:
+    def __init__(self, config: VllmEngineConfig, *, core: Mapping[str, Any] | None = None) -> None:
+        """``core``: attach to an engine core another process started (``app.frontends``): its
+        ZMQ addresses as vLLM's ``client_addresses``, with ``client_count`` and
+        ``client_index``; None starts this process's own engine core."""
         self.config = config
+        self._core = dict(core) if core is not None else None
         self.model_names: tuple[str, ...] = config.model_names
         self.vocab_size: int = 0
         self.max_model_len: int | None = config.max_model_len
@@ -357,7 +361,20 @@ class VllmEngine:
         loggers = [PrometheusStatLogger] if self.config.prometheus else None
         # No local holding the AsyncLLM: something in vLLM's start-up keeps this frame alive,
         # and a frame holding it would keep it from being collected by stop().
-        self._llm = AsyncLLM.from_engine_args(engine_args, stat_loggers=loggers)
+        if self._core is None:
+            self._llm = AsyncLLM.from_engine_args(engine_args, stat_loggers=loggers)
+        else:  # one of several API-server processes of one engine core (vLLM's api-server-count)
+            addresses = dict(self._core)
+            count, index = addresses.pop("client_count"), addresses.pop("client_index")
+            engine_args._api_process_count = count
+            engine_args._api_process_rank = index
+            self._llm = AsyncLLM.from_vllm_config(
+                engine_args.create_engine_config(),
+                client_addresses=addresses,
+                client_count=count,
+                client_index=index,
+                stat_loggers=loggers,
+            )
         self.vocab_size = self._llm.model_config.get_vocab_size()
         self.max_model_len = self._llm.model_config.max_model_len
         self._dead = None

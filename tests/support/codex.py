@@ -56,12 +56,38 @@ def codex_version() -> str:
     return out.stdout.strip()  # "codex-cli 0.171.0"
 
 
-def config_toml(*, base_url: str, model: str, stream_idle_timeout_ms: int = 30_000) -> str:
-    """A ``config.toml`` selecting one Responses API provider at ``base_url`` (ending in /v1)."""
+def config_toml(
+    *,
+    base_url: str,
+    model: str,
+    stream_idle_timeout_ms: int = 30_000,
+    provider: str = "custom",
+    extra: Sequence[str] = (),
+) -> str:
+    """A ``config.toml`` selecting one Responses API provider at ``base_url`` (ending in /v1).
+
+    ``provider="openai"``: Codex's built-in OpenAI provider pointed at ``base_url`` with
+    ``openai_base_url`` instead (it speaks WebSocket mode first, with its own retries; the key
+    comes from ``CODEX_API_KEY``). ``extra``: more top-level lines (``key = value``)."""
+    if provider == "openai":
+        return "\n".join(
+            [
+                f"model = {_toml_str(model)}",
+                f"openai_base_url = {_toml_str(base_url)}",
+                *extra,
+                "check_for_update_on_startup = false",
+                'web_search = "disabled"',
+                "",
+                "[analytics]",
+                "enabled = false",
+                "",
+            ]
+        )
     return "\n".join(
         [
             f"model = {_toml_str(model)}",
             f"model_provider = {_toml_str(_PROVIDER)}",
+            *extra,
             "check_for_update_on_startup = false",
             # Codex offers its hosted web_search tool by default; this server runs no hosted
             # tools and refuses a request that declares one (app.contract)
@@ -115,6 +141,9 @@ def run_codex(
     extra_args: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
     timeout: float = 120,
+    provider: str = "custom",
+    api_key: str = "sk-ledger-dummy",
+    config: Sequence[str] = (),
 ) -> CodexRun:
     """Run ``codex exec --json ... "<prompt>" </dev/null`` in ``workdir``; return its events.
 
@@ -127,12 +156,14 @@ def run_codex(
         home = Path(tmp)
         codex_home = home / ".codex"
         codex_home.mkdir()
-        (codex_home / "config.toml").write_text(config_toml(base_url=base_url, model=model))
+        (codex_home / "config.toml").write_text(
+            config_toml(base_url=base_url, model=model, provider=provider, extra=config)
+        )
         process_env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
             "HOME": str(home),
             "CODEX_HOME": str(codex_home),
-            API_KEY_ENV: "sk-ledger-dummy",
+            (API_KEY_ENV if provider == "custom" else "CODEX_API_KEY"): api_key,
             "LANG": "C.UTF-8",
             "NO_COLOR": "1",
             **(env or {}),

@@ -10,7 +10,8 @@ with its own log file:
     server.kill()                    # SIGKILL (or server.signal(signal.SIGTERM))
     server.stop()                    # SIGTERM, then SIGKILL after a grace period
 
-``port=`` gives the port (default: a free one), so a restarted server comes back where a load
+``args=`` adds ``serve`` options (``["--frontends", "2"]``); ``engine_args=`` replaces the
+scripted engine's (``["--engine", "vllm", "--model", ...]``). ``port=`` gives the port (default: a free one), so a restarted server comes back where a load
 balancer expects it (``tests/support/replicas.py``). ``ready="healthy"`` (the default) waits for ``/health`` to answer 200; ``ready="listening"``
 waits for any HTTP answer from ``/health``, for a server that is expected to start degraded
 (503) on a store it cannot write. The child inherits the test's environment (so ``PYTHONPATH``
@@ -26,7 +27,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +89,8 @@ class ServerProcess:
         start_timeout_s: float = 60,
         log_level: str = "warning",
         port: int | None = None,
+        args: Sequence[str] = (),
+        engine_args: Sequence[str] | None = None,
     ) -> None:
         if ready not in ("healthy", "listening"):
             raise ValueError(f"ready must be 'healthy' or 'listening', not {ready!r}")
@@ -109,10 +112,11 @@ class ServerProcess:
                 [
                     command(),
                     "serve",
-                    "--engine",
-                    "scripted",
-                    "--script",
-                    str(self.script_path),
+                    *(
+                        ("--engine", "scripted", "--script", str(self.script_path))
+                        if engine_args is None
+                        else engine_args
+                    ),
                     "--database-url",
                     database_url,
                     "--port",
@@ -121,6 +125,7 @@ class ServerProcess:
                     model,
                     "--log-level",
                     log_level,
+                    *args,
                 ],
                 cwd=REPO,
                 env=child_env,

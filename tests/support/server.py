@@ -11,7 +11,7 @@ import contextlib
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,10 +40,14 @@ class RunningServer:
 
 
 @contextlib.contextmanager
-def serve(settings: Settings, **app_kwargs: Any) -> Iterator[RunningServer]:
+def serve(
+    settings: Settings, *, wrap: Callable[[Any], Any] | None = None, **app_kwargs: Any
+) -> Iterator[RunningServer]:
+    """``wrap``: an ASGI middleware put around the app (a test that watches what reaches it)."""
     port = free_port()
     app = create_app(settings, **app_kwargs)
-    server = transport.server(app, settings, host="127.0.0.1", port=port, log_level="warning")
+    served = app if wrap is None else wrap(app)
+    server = transport.server(served, settings, host="127.0.0.1", port=port, log_level="warning")
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 60

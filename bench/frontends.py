@@ -1,0 +1,251 @@
+"""Paced capacity of ``serve --frontends N`` (issue 20's target: N frontends on N cores scale at
+least 0.8 x N).
+
+    python -m bench.frontends --frontends 1,2                     # this 2-core machine
+    python -m bench.frontends --frontends 1,2,4,8 --loadgens 4    # a 16-core machine
+
+For each N: a fresh PostgreSQL database, ``responses-ledger serve --frontends N`` with the
+scripted engine paced like a real engine's step loop (``--token-delay-ms``: every stream one
+token per step), pinned to N cores of its own (``--server-cpus``, default the first N), and
+``--loadgens`` load generators (``bench.loadgen``, one process each, the streams shared between
+them) pinned to the cores after those. The offered load grows with N (``--streams-per-frontend``
+x N streams), so what is measured is how many paced tokens per second N frontends deliver when
+offered more than one can. Printed per N: delivered tokens/s, its ratio to N = 1 (the target:
+≥ 0.8 N), the time to first token, the server's CPU (parent and frontends) per token, and the
+load generators' CPU use (near 1.0 per process: the load generators, not the server, were the
+limit, so add ``--loadgens``).
+
+On a machine with fewer cores than N frontends plus load generators the processes share cores
+and the figures say so (``cores`` column: what was pinned, ``shared`` when it was not possible).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import httpx
+
+from bench.targets import (
+    LEDGER_MODEL,
+    POSTGRES_ADMIN_DSN,
+    POSTGRES_HOST,
+    POSTGRES_PORT,
+    ledger_body,
+    ledger_script,
+)
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+HOST = "127.0.0.1"
+HEADER = "x-responses-ledger-replica"
+
+__all__ = ["main"]
+
+
+def _ints(text: str) -> list[int]:
+    return [int(part) for part in text.split(",") if part.strip()]
+
+
+def _cpu_ticks(pid: int) -> int:
+    """utime + stime of ``pid`` and its descendants, in clock ticks (Linux /proc)."""
+    total = 0
+    pending = [pid]
+    while pending:
+        current = pending.pop()
+        try:
+            fields = Path(f"/proc/{current}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+            children = Path(f"/proc/{current}/task/{current}/children").read_text().split()
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            continue
+        pending.extend(int(c) for c in children)
+    return total
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+def _pinned(cpus: list[int] | None, argv: list[str]) -> list[str]:
+    return ["taskset", "-c", ",".join(map(str, cpus)), *argv] if cpus else argv
+
+
+async def _admin(statement: str) -> None:
+    conn = await asyncpg.connect(POSTGRES_ADMIN_DSN)
+    try:
+        await conn.execute(statement)
+    finally:
+        await conn.close()
+
+
+def _wait_frontends(port: int, count: int, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
+    """Until ``count`` distinct frontends have answered ``/health`` 200 (new connections)."""
+    seen: set[str] = set()
+    deadline = time.monotonic() + timeout_s
+    while len(seen) < count:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited ({proc.returncode})")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{len(seen)} of {count} frontends ready after {timeout_s} s")
+        try:
+            with httpx.Client(timeout=5) as client:
+                answer = client.get(f"http://{HOST}:{port}/health")
+            if answer.status_code == 200:
+                seen.add(answer.headers.get(HEADER, "single"))
+        except httpx.TransportError:
+            time.sleep(0.1)
+
+
+def _run_one(args: argparse.Namespace, count: int, cores: int, workdir: Path) -> dict[str, Any]:
+    name = f"bench_frontends_{uuid.uuid4().hex[:10]}"
+    url = f"postgresql+asyncpg://postgres@{POSTGRES_HOST}:{POSTGRES_PORT}/{name}"
+    asyncio.run(_admin(f'CREATE DATABASE "{name}"'))
+    script = ledger_script(workdir, args.tokens, args.token_delay_ms)["script"]
+    port = _free_port()
+    server_cpus = list(range(count))
+    loadgen_cpus = list(range(count, count + args.loadgens))
+    pinned = count + args.loadgens <= cores
+    argv = [
+        sys.executable, "-c", "import sys; from app.cli import main; sys.exit(main())",
+        "serve", "--engine", "scripted", "--script", script, "--database-url", url,
+        "--host", HOST, "--port", str(port), "--frontends", str(count),
+    ]  # fmt: skip
+    env = {**os.environ, "RESPONSES_LEDGER_LOG_LEVEL": "warning", "PYTHONPATH": str(REPO_ROOT)}
+    log = (workdir / f"server-{count}.log").open("wb")
+    server = subprocess.Popen(
+        _pinned(server_cpus if pinned else None, argv),
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=log,
+        stderr=log,
+    )
+    try:
+        _wait_frontends(port, count, server, args.startup_timeout)
+        streams = args.streams_per_frontend * count
+        per_loadgen = [
+            streams // args.loadgens + (i < streams % args.loadgens) for i in range(args.loadgens)
+        ]
+        per_worker = max(1, -(-args.total_tokens * count // (streams * args.tokens)))
+        body = json.dumps(ledger_body(args.tokens))
+        cpu0 = _cpu_ticks(server.pid)
+        loadgens = []
+        for i, concurrency in enumerate(per_loadgen):
+            out = workdir / f"loadgen-{count}-{i}.json"
+            lg_argv = [
+                sys.executable, "-m", "bench.loadgen", "--url", f"http://{HOST}:{port}/v1/responses",
+                "--concurrency", str(concurrency), "--streams-per-worker", str(per_worker),
+                "--body", body, "--max-seconds", str(args.max_run_seconds), "--out", str(out),
+            ]  # fmt: skip
+            cpus = [loadgen_cpus[i]] if pinned else None
+            loadgens.append((subprocess.Popen(_pinned(cpus, lg_argv), cwd=REPO_ROOT, env=env), out))
+        reports = []
+        for proc, out in loadgens:
+            if proc.wait() != 0:
+                raise RuntimeError(f"a load generator failed ({proc.returncode})")
+            reports.append(json.loads(out.read_text()))
+        server_cpu_s = (_cpu_ticks(server.pid) - cpu0) / os.sysconf("SC_CLK_TCK")
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+        log.close()
+        asyncio.run(_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    t0 = min(r["t0_ns"] for r in reports)
+    t1 = max(r["t1_ns"] for r in reports)
+    tokens = sum(r["tokens"] for r in reports)
+    wall_s = (t1 - t0) / 1e9
+    ttft = sorted(r["ttft_ms"].get("p50") for r in reports if r.get("ttft_ms"))
+    return {
+        "frontends": count,
+        "streams": sum(per_loadgen),
+        "errors": sum(r["error_count"] for r in reports),
+        "tokens": tokens,
+        "wall_s": wall_s,
+        "tokens_per_s": tokens / wall_s if wall_s else 0.0,
+        "ttft_p50_ms": ttft[len(ttft) // 2] if ttft else None,
+        "server_cpu_us_per_token": server_cpu_s * 1e6 / tokens if tokens else None,
+        "loadgen_cpu_util": max(r["loadgen_cpu_util"] for r in reports),
+        "cores": f"server {server_cpus}, loadgens {loadgen_cpus}" if pinned else "shared",
+    }
+
+
+def _table(rows: list[dict[str, Any]]) -> str:
+    base = next((r["tokens_per_s"] for r in rows if r["frontends"] == 1), None)
+    lines = [
+        "| frontends | streams | tokens/s | x N=1 (target >= 0.8 N) | TTFT p50 ms | server µs/token | loadgen CPU (max) | errors | cores |",
+        "|--:|--:|--:|--:|--:|--:|--:|--:|---|",
+    ]
+    for r in rows:
+        ratio = f"{r['tokens_per_s'] / base:.2f}" if base else "-"
+        ttft = f"{r['ttft_p50_ms']:.1f}" if r["ttft_p50_ms"] is not None else "-"
+        cpu = f"{r['server_cpu_us_per_token']:.0f}" if r["server_cpu_us_per_token"] else "-"
+        lines.append(
+            f"| {r['frontends']} | {r['streams']} | {r['tokens_per_s']:,.0f} | {ratio} | {ttft} | "
+            f"{cpu} | {r['loadgen_cpu_util']:.2f} | {r['errors']} | {r['cores']} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.frontends", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument(
+        "--frontends", type=_ints, default=[1, 2], help="comma-separated N (default 1,2)"
+    )
+    parser.add_argument("--streams-per-frontend", type=int, default=256)
+    parser.add_argument("--tokens", type=int, default=200, help="output tokens per stream")
+    parser.add_argument("--token-delay-ms", type=float, default=10.0)
+    parser.add_argument(
+        "--total-tokens", type=int, default=400_000, help="per run and per frontend"
+    )
+    parser.add_argument("--max-run-seconds", type=float, default=20.0)
+    parser.add_argument("--loadgens", type=int, default=1, help="load generator processes")
+    parser.add_argument("--reps", type=int, default=1, help="runs per N (the median is shown)")
+    parser.add_argument("--startup-timeout", type=float, default=120.0)
+    parser.add_argument("--json", type=Path, help="also write the rows as JSON here")
+    args = parser.parse_args(argv)
+    cores = len(os.sched_getaffinity(0))
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench-frontends-") as tmp:
+        for count in args.frontends:
+            runs = []
+            for rep in range(args.reps):
+                print(
+                    f"frontends {count}, run {rep + 1} of {args.reps}", file=sys.stderr, flush=True
+                )
+                workdir = Path(tmp) / f"n{count}-{rep}"
+                workdir.mkdir()
+                runs.append(_run_one(args, count, cores, workdir))
+            runs.sort(key=lambda r: r["tokens_per_s"])
+            rows.append(runs[len(runs) // 2])
+    print(
+        f"paced: {args.tokens} tokens a stream, one per {args.token_delay_ms:g} ms step, "
+        f"{args.streams_per_frontend} streams per frontend, model {LEDGER_MODEL}, "
+        f"{cores} cores, {args.loadgens} load generator(s)"
+    )
+    print(_table(rows))
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
