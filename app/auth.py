@@ -8,7 +8,8 @@ for the routes (``app.ownership``, ``app.limits``), its rate is counted (429 ove
 stream slots the route took are given back when the exchange ends.
 
 A server that does not require keys (loopback, none configured: ``make serve``) serves every
-request as :data:`~app.keys.OPEN_CALLER`, the default project. ``/health`` needs no key.
+request as :data:`~app.keys.OPEN_CALLER`, the default project. ``/health`` needs no key;
+``/metrics`` does (an admin's: the route checks the role).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ class KeyAuth:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] not in ("http", "websocket") or not scope["path"].startswith("/v1"):
+        if scope["type"] not in ("http", "websocket") or not _guarded(scope["path"]):
             await self.app(scope, receive, send)
             return
         state = scope["app"].state
@@ -57,6 +58,9 @@ class KeyAuth:
                     await _answer(scope, receive, send, exc)
                     return
             if found is None:
+                metrics = getattr(state, "metrics", None)
+                if metrics is not None and metrics.enabled:
+                    metrics.auth_failures.labels("invalid" if presented else "missing").inc()
                 await _answer(scope, receive, send, _unauthorized(presented is not None))
                 return
             caller = found
@@ -73,6 +77,11 @@ class KeyAuth:
         finally:
             for release in releases:
                 release()
+
+
+def _guarded(path: str) -> bool:
+    """The paths that need a key: the API, and the metrics (admins only, ``app.metrics``)."""
+    return path.startswith("/v1") or path == "/metrics"
 
 
 def _bearer(scope: Scope) -> str | None:

@@ -16,7 +16,6 @@ import argparse
 import asyncio
 import dataclasses
 import json
-import logging
 import sys
 from typing import Any
 
@@ -73,7 +72,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _serve(args: argparse.Namespace) -> None:
-    from app import transport
+    from app import logs, transport
     from app.main import create_app
 
     engine_options = {
@@ -98,7 +97,7 @@ def _serve(args: argparse.Namespace) -> None:
         frontends=args.frontends,
         engine_options=engine_options or None,
     )
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.configure(settings.log_level, settings.log_format)
     if settings.frontends != 1:
         from app import frontends
 

@@ -25,6 +25,8 @@ from app.conversation_routes import routes as conversation_routes
 from app.errors import APIError, guard, not_found
 from app.limits import take_stream
 from app.live import Run
+from app.logs import RUN
+from app.metrics import CONTENT_TYPE, Metrics
 from app.ownership import caller_of, scoped
 from app.service import ResponseService
 from app.ui import routes as ui_routes
@@ -97,6 +99,7 @@ async def create_response(request: Request) -> Response:
         take_stream(request)  # 429 when the key has all its streams open
     caller = caller_of(request)
     run = await service.create(create, body, project=caller.project, api_key_id=caller.key_id)
+    request.scope[RUN] = run  # for the request's log line (app.logs)
     if create.stream or create.background:
         # Answer once response.created is durable: a store that cannot take the response gets
         # an error status, not a 200 (a stream that ends without events, or the id of a
@@ -184,6 +187,8 @@ async def get_response(request: Request) -> Response:
         if await service.store.get(response_id) is None:
             raise APIError(404, f"Response with id '{response_id}' not found.")
         take_stream(request)
+        if service.metrics.enabled:
+            service.metrics.resumes.inc()
         return _sse(service.stream(response_id, after if after is not None else -1))
     return JSONResponse(await service.get(response_id))
 
@@ -304,6 +309,23 @@ async def health(request: Request) -> Response:
     return JSONResponse({"status": "unavailable", "reason": reason}, status_code=503)
 
 
+async def metrics(request: Request) -> Response:
+    """Prometheus exposition (``app.metrics``): an admin's when keys are on (403 for a member);
+    404 when metrics are off."""
+    metrics: Metrics = request.app.state.metrics
+    if not metrics.enabled:
+        raise _invalid_url(request)
+    if caller_of(request).role != "admin":
+        metrics.auth_failures.labels("not_admin").inc()
+        raise APIError(
+            403,
+            "The metrics need an admin key (responses-ledger keys create --role admin).",
+            type="permission_error",
+            code="admin_only",
+        )
+    return Response(metrics.scrape(), media_type=CONTENT_TYPE)
+
+
 async def live(request: Request) -> Response:
     """Liveness (Kubernetes ``livenessProbe``): 200 while the process answers HTTP at all."""
     return JSONResponse({"status": "ok"})
@@ -337,6 +359,7 @@ routes = [
     Route("/health", guard(health), methods=["GET"]),
     Route("/health/live", guard(live), methods=["GET"]),
     Route("/health/ready", guard(ready), methods=["GET"]),
+    Route("/metrics", guard(metrics), methods=["GET"]),
     *ui_routes,  # /ui, the audit page (app.ui)
     # the OpenAPI document of these routes (app.openapi: add an Operation there for a new route)
     Route("/openapi.json", guard(openapi.serve), methods=["GET"]),

@@ -16,10 +16,12 @@ import collections
 import functools
 import json
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from app.metrics import StreamTiming
 from domain.events import TERMINAL_TYPES, Event
 from domain.projections import payload_and_json, sse_frame
 from persistence.records import StoredEvent
@@ -38,6 +40,9 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+#: The events a response opens with, before any output (not timed as output, ``app.metrics``).
+_OPENING = frozenset({"response.created", "response.queued", "response.in_progress"})
 
 
 class Batch:
@@ -132,6 +137,11 @@ class Run:
     store: bool
     background: bool
     engine_request_id: str
+    #: The served model (what the metrics count it under).
+    model: str = ""
+    #: When its request arrived (``time.monotonic``): time to first token counts from it.
+    #: None for a takeover (its request arrived elsewhere).
+    started: float | None = None
     subscribers: set[Subscription] = field(default_factory=set)
     #: Set once the terminal event is durable (and published).
     finished: asyncio.Event = field(default_factory=asyncio.Event)
@@ -215,9 +225,11 @@ class LogWriter:
         backlog: Backlog | None = None,
         *,
         next_seq: int = 0,
+        timing: StreamTiming | None = None,
     ) -> None:
         """``next_seq``: the log's length when this writer takes over (a takeover goes on with
-        an existing log)."""
+        an existing log). ``timing``: where to observe what the streams receive (``app.metrics``):
+        once per published batch that holds output, never per token."""
         self._run = run
         self._submit_fn = submit
         self._shared = backlog if backlog is not None else Backlog()
@@ -233,6 +245,11 @@ class LogWriter:
         #: ``submit_after`` calls waiting for the events pushed before them to be handed over.
         self._after: list[tuple[Callable[[], asyncio.Future[None]], asyncio.Future[None]]] = []
         self.error: BaseException | None = None
+        self._timing = timing
+        #: Events pushed since the last hand-over are output (anything after the opening ones).
+        self._output = False
+        #: When the last batch with output was published (None: none yet).
+        self._last_output: float | None = None
 
     @property
     def backlog(self) -> int:
@@ -270,6 +287,8 @@ class LogWriter:
             return
         if self.error is not None:
             raise self.error
+        if events[0].type not in _OPENING:
+            self._output = True
         stored, frames = self._events, self._frames
         for event in events:
             record = stored_event(event)
@@ -288,27 +307,45 @@ class LogWriter:
         self._events, self._frames = [], []
         self._shared.total -= len(events)
         batch = Batch(events[0].seq, frames, events[-1].type in TERMINAL_TYPES)
+        output, self._output = self._output, False
         if self._submit_fn is None:
             self._next_seq += len(events)
             self._run.publish(batch)
+            if output and self._timing is not None:
+                self._observe(self._timing)
             self._flush()
             return
         self._inflight = True
         self._idle.clear()
         tokens, self._tokens = self._tokens, []
         # the store calls back later, from its commit (never from inside this call)
-        self._submit_fn(self._run.id, events, self._next_seq, functools.partial(self._durable, batch), tokens)
+        self._submit_fn(
+            self._run.id, events, self._next_seq, functools.partial(self._durable, batch, output), tokens
+        )
         self._next_seq += len(events)
         if self._after:  # everything pushed before them is handed over now
             after, self._after = self._after, []
             for submit, outer in after:
                 _chain(submit(), outer)
 
-    def _durable(self, batch: Batch, error: BaseException | None) -> None:
+    def _observe(self, timing: StreamTiming) -> None:
+        """A batch with output was just published to the streams (a response without a store:
+        no commit to take the time from)."""
+        now = time.monotonic()
+        last = self._last_output
+        if last is not None:
+            timing.gap(now - last)
+        elif self._run.started is not None:
+            timing.first(now - self._run.started)
+        self._last_output = now
+
+    def _durable(self, batch: Batch, output: bool, error: BaseException | None) -> None:
         self._progress.set()
         if error is not None:
             self.error = error
-            log.error("response %s: log write failed: %r", self._run.id, self.error)
+            log.error(
+                "response %s: log write failed: %r", self._run.id, error, extra={"response_id": self._run.id}
+            )
             self._run.error = self.error
             self._shared.total -= len(self._events)  # never to be written
             self._events, self._frames = [], []
@@ -319,6 +356,16 @@ class LogWriter:
             self._idle.set()
             return
         self._run.publish(batch)
+        timing = self._timing
+        if output and timing is not None:  # as _observe, inlined: once per commit per response
+            # right after its commit: the time the store read when it was done
+            now = timing.committed_at if timing.commit_clock else time.monotonic()
+            last = self._last_output
+            if last is not None:
+                timing.gap(now - last)
+            elif self._run.started is not None:
+                timing.first(now - self._run.started)
+            self._last_output = now
         self._flush()
 
     async def drain(self) -> None:

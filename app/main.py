@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import dataclasses
 import gc
 import logging
 import time
@@ -34,6 +35,8 @@ from app.http import route_error, routes
 from app.keys import KeyRing, is_loopback, keys_required
 from app.leases import SingleProcessOnly, check_single_process
 from app.limits import KeyLimits
+from app.logs import RequestLog
+from app.metrics import Metrics
 from app.reasoning_crypto import ReasoningCipher, new_key
 from app.service import ResponseService
 from app.settings import Settings
@@ -72,7 +75,7 @@ def build_engine(settings: Settings, engine_core: Mapping[str, Any] | None = Non
             served_model_names=settings.served_model_names or None,
             **settings.engine_options,
         )
-        return VllmEngine(config, core=engine_core)
+        return VllmEngine(dataclasses.replace(config, prometheus=settings.metrics), core=engine_core)
     raise SystemExit(f"unknown engine {settings.engine!r}: use echo, scripted or vllm")
 
 
@@ -132,7 +135,13 @@ def create_app(
             if hasattr(the_store, "doorbell"):
                 the_store.doorbell = doorbell
         service = ResponseService(
-            settings, the_store, the_engine, load_encoding(), ReasoningCipher(key), doorbell=doorbell
+            settings,
+            the_store,
+            the_engine,
+            load_encoding(),
+            ReasoningCipher(key),
+            doorbell=doorbell,
+            metrics=app.state.metrics,
         )
         app.state.service = service
         if settings.database_url.startswith("sqlite"):
@@ -192,6 +201,7 @@ def create_app(
     for cls in (APIError, ValidationError, DomainError, EngineError, StoreError):
         handled[cls] = handle_exception
     middleware = [
+        Middleware(RequestLog),  # outermost: it sees every answer, a refused key's too
         Middleware(
             BrowserGuard,
             hosts=allowed_hosts(settings.allowed_hosts, settings.host),
@@ -218,6 +228,7 @@ def create_app(
     app.state.ready = False
     app.state.settings = settings
     app.state.limits = KeyLimits()
+    app.state.metrics = Metrics(enabled=settings.metrics)
     return app
 
 

@@ -517,6 +517,14 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         tags=("health",),
     ),
     ("GET", "/openapi.json"): Operation("This document.", "OpenAPI", tags=("meta",)),
+    ("GET", "/metrics"): Operation(
+        "Prometheus metrics (app.metrics), in Prometheus's text format: an admin key's when keys "
+        "are on (401 without one, 403 for a member's); 404 when metrics are off.",
+        "Health",
+        errors=(401, 404),
+        content_type="text/plain",
+        tags=("meta",),
+    ),
 }
 
 

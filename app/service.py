@@ -21,7 +21,7 @@ import functools
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -47,6 +47,7 @@ from app.live import (
     stored_frames,
 )
 from app.logprobs import requested_logprobs
+from app.metrics import Metrics
 from app.reasoning_crypto import ReasoningCipher
 from app.remote_cancel import RemoteCancels
 from app.repair import STORE_UNAVAILABLE, Repairs, store_unavailable_error
@@ -153,9 +154,11 @@ class ResponseService:
         encoding: HarmonyEncoding,
         cipher: ReasoningCipher,
         doorbell: Doorbell | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         """``doorbell``: how this replica hears of other replicas' commits, cancels and leases
-        (``persistence.doorbell``; the store's own if it has one, else one for this process)."""
+        (``persistence.doorbell``; the store's own if it has one, else one for this process).
+        ``metrics``: what its runs and streams are counted in (``app.metrics``); none: off."""
         self.settings = settings
         self.store = store
         self.engine = engine
@@ -195,6 +198,11 @@ class ResponseService:
         self.conversations = Conversations(store, encoding, cipher, new_id=new_id, normalize=normalize_input)
         #: Compaction: ``/v1/responses/compact``, ``compaction_trigger``, ``context_management``.
         self.compactions = Compactions(self, new_id=new_id)
+        #: Streams following a log written elsewhere now (``_follow``).
+        self.followers = 0
+        self.metrics = metrics if metrics is not None else Metrics(enabled=False)
+        self._timing = self.metrics.stream if self.metrics.enabled else None
+        self.metrics.attach(self)
 
     # -- models ----------------------------------------------------------------------------------
 
@@ -245,6 +253,7 @@ class ResponseService:
     ) -> Run:
         """``project``: whose response it is (and the only project its ``previous_response_id``
         chain may come from); ``api_key_id``: the key that asked for it."""
+        started = time.monotonic()
         self.check_accepting()
         model = self.resolve_model(request.model)
         if request.background and not request.store:
@@ -268,6 +277,8 @@ class ResponseService:
             store=request.store,
             background=request.background,
             engine_request_id=response_id,
+            model=model,
+            started=started,
         )
         skeleton = self.skeleton(request, response_id, created_at, model)
         if conversation:
@@ -328,6 +339,8 @@ class ResponseService:
         run.task = task
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        if self.metrics.enabled:
+            task.add_done_callback(functools.partial(self.metrics.run_ended, run))
 
     async def prompt(
         self, request: CreateResponse, project: str, conversation: str | None = None
@@ -510,6 +523,7 @@ class ResponseService:
             self.store.submit_then if run.store else None,
             self._backlog,
             next_seq=resumed.next_seq if resumed is not None else 0,
+            timing=self._timing,
         )
         health = self.store.health
         finish_reason: str | None = None
@@ -596,7 +610,7 @@ class ResponseService:
             except EngineError as exc:
                 finish_reason, engine_error = "error", str(exc)
             except Exception as exc:  # an engine bug must not leave the response open
-                log.exception("response %s: engine failed", run.id)
+                log.exception("response %s: engine failed", run.id, extra={"response_id": run.id})
                 finish_reason, engine_error = "error", f"{type(exc).__name__}: {exc}"
             if finish_reason is None:
                 finish_reason, engine_error = "error", "the engine stopped without a finish reason"
@@ -665,9 +679,14 @@ class ResponseService:
                     await self.engine.abort(run.engine_request_id)
                 return
             if isinstance(exc, StoreUnavailable):
-                log.error("response %s: stopped, the database is unavailable (%s)", run.id, exc.reason)
+                log.error(
+                    "response %s: stopped, the database is unavailable (%s)",
+                    run.id,
+                    exc.reason,
+                    extra={"response_id": run.id},
+                )
             else:
-                log.exception("response %s: generation failed", run.id)
+                log.exception("response %s: generation failed", run.id, extra={"response_id": run.id})
             run.error = exc
             with contextlib.suppress(Exception):  # e.g. the log could not be written: stop the engine
                 await self.engine.abort(run.engine_request_id)
@@ -832,7 +851,7 @@ class ResponseService:
         # arrives, and a question per follower per such ring cost a query each (64 followers:
         # enough to put the replica behind, and its lag in the hundreds of milliseconds).
         rung, empty = True, 0
-        with self.doorbell.listen(response_id) as bell:
+        with self.doorbell.listen(response_id) as bell, self._following():
             while True:
                 events: list[StoredEvent] | None = None
                 if caught_up:
@@ -864,6 +883,14 @@ class ResponseService:
                     )
                     return
                 rung = await bell.wait(1.0 if self.doorbell.connected else 0.1)
+
+    @contextlib.contextmanager
+    def _following(self) -> Iterator[None]:
+        self.followers += 1
+        try:
+            yield
+        finally:
+            self.followers -= 1
 
     async def _load(self, response_id: str, after: int, limit: int | None) -> list[StoredEvent]:
         """A read for a stream: while the database is unavailable, retried for up to the

@@ -42,6 +42,13 @@ def _takeover(value: str) -> str:
     return mode
 
 
+def _log_format(value: str) -> str:
+    fmt = value.strip().lower()
+    if fmt not in ("json", "text"):
+        raise ValueError(f"RESPONSES_LEDGER_LOG_FORMAT: {value!r} is not json or text")
+    return fmt
+
+
 #: What ``responses-ledger serve`` sets unless told otherwise (see ``Settings.gc_threshold``).
 SERVE_GC_THRESHOLD = (50_000, 50, 1_000)
 
@@ -124,6 +131,10 @@ class Settings:
     #: A connection whose client reads nothing for this many seconds is closed.
     send_stall_s: float = 60.0
     log_level: str = "info"
+    #: ``json``: one JSON object a line (``app.logs``); ``text``: plain lines.
+    log_format: str = "json"
+    #: Prometheus metrics (``GET /metrics``, ``app.metrics``); false: none are kept or served.
+    metrics: bool = True
     #: Frontend processes on one port over one engine (``app.frontends``); 1: this process alone.
     frontends: int = 1
     #: Garbage collector tuning, applied once start-up is done: everything alive then is frozen
@@ -198,6 +209,8 @@ class Settings:
             "RESPONSES_LEDGER_SEND_BUFFER_BYTES": ("send_buffer_bytes", int),
             "RESPONSES_LEDGER_SEND_STALL_S": ("send_stall_s", float),
             "RESPONSES_LEDGER_LOG_LEVEL": ("log_level", str),
+            "RESPONSES_LEDGER_LOG_FORMAT": ("log_format", _log_format),
+            "RESPONSES_LEDGER_METRICS": ("metrics", _bool),
             "RESPONSES_LEDGER_FRONTENDS": ("frontends", int),
             "RESPONSES_LEDGER_API_KEY": ("api_key", str),
             "RESPONSES_LEDGER_REQUIRE_API_KEY": ("require_api_key", _bool),

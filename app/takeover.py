@@ -278,6 +278,7 @@ class Takeovers:
             store=True,
             background=row.background,
             engine_request_id=f"{response_id}-{epoch}",
+            model=row.model,
         )
         if row.cancel_requested_at is not None and row.background:
             # cancelled through another replica before its owner could act on it

@@ -70,6 +70,7 @@ from typing import TYPE_CHECKING, Any
 
 import h11
 import uvicorn
+from uvicorn.config import LOGGING_CONFIG
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from app.errors import error_body
@@ -580,7 +581,13 @@ class Server(uvicorn.Server):
 
 
 def server(
-    app: Any, settings: Settings, *, host: str | None = None, port: int | None = None, log_level: str | None = None
+    app: Any,
+    settings: Settings,
+    *,
+    host: str | None = None,
+    port: int | None = None,
+    log_level: str | None = None,
+    own_logging: bool = False,
 ) -> Server:
     """The uvicorn server for ``app`` with the transport settings: what ``responses-ledger
     serve`` runs, and what the tests' in-process servers run."""
@@ -593,7 +600,9 @@ def server(
         host=settings.host if host is None else host,
         port=settings.port if port is None else port,
         log_level=(log_level or settings.log_level).lower(),
-        access_log=False,
+        access_log=False,  # app.logs writes the line per request
+        # ``serve`` configured logging (app.logs): uvicorn's loggers write through it
+        log_config=None if own_logging else LOGGING_CONFIG,
         lifespan="on",
         http=protocol_class(settings.http_implementation),
         timeout_keep_alive=limits.keep_alive_s,  # type: ignore[arg-type]  # a float works
@@ -622,7 +631,7 @@ def bounded_send(scope: Any, send: Send) -> Send:
 
 def run(app: Any, settings: Settings) -> None:
     """Serve until stopped (exit status 3 if the server did not start, as ``uvicorn.run``)."""
-    the_server = server(app, settings)
+    the_server = server(app, settings, own_logging=True)
     the_server.run()
     if not the_server.started:
         sys.exit(3)

@@ -68,6 +68,9 @@ class GroupCommit(Generic[P]):
         self._full = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closing = False
+        #: When the first write of the batch being flushed was queued (``loop.time()``): a
+        #: commit's latency as its writers see it is measured from it (``app.metrics``).
+        self.batch_first_at = 0.0
 
     def put(self, item: P, weight: int = 1) -> None:
         """Queue ``item``; its future resolves when ``flush`` has dealt with it."""
@@ -122,6 +125,7 @@ class GroupCommit(Generic[P]):
                         # and its prompt audit right behind the response row).
                         await asyncio.sleep(0)
                 batch, self._pending, self._weight = self._pending, [], 0
+                self.batch_first_at = self._first_at
                 try:
                     await self._flush(batch)
                 except Exception as exc:

@@ -354,6 +354,13 @@ class SqlStore:
         #: Rung (``persistence.doorbell``) for every response whose events a commit made durable,
         #: after the commit, so followers on other replicas read them at once.
         self.doorbell: Doorbell | None = None
+        #: Called after every committed transaction with its events and the time it was done
+        #: (``time.monotonic``), and the time its batch's first write was queued (``app.metrics``),
+        #: on the event loop's thread, before its writers are told.
+        self.commit_observer: Callable[[int, float, float], None] | None = None
+        #: Totals since the store opened: commit attempts that failed, and those retried.
+        self.commit_errors = 0
+        self.commit_retries = 0
 
     @property
     def stats(self) -> CommitStats:
@@ -612,6 +619,7 @@ class SqlStore:
                 outcomes = await self._write(batch, fresh=after_failure, after_failure=after_failure)
             except Exception as exc:
                 self._forget(batch)
+                self.commit_errors += 1
                 if not is_unavailable(exc):
                     return exc
                 left = self.health.failed(exc)
@@ -632,6 +640,7 @@ class SqlStore:
                 await asyncio.sleep(min(pause, left))
                 pause = min(pause * 2, _RETRY_CAP_S)
                 after_failure = True
+                self.commit_retries += 1
                 continue
             if after_failure:
                 _log.warning("commit succeeded again after the database was unavailable")
@@ -679,6 +688,8 @@ class SqlStore:
             self._stats.writes + plan.outcomes.count(None),
             self._stats.events + plan.events,
         )
+        if self.commit_observer is not None:
+            self.commit_observer(plan.events, self._commits.batch_first_at, time.monotonic())
         for rid, tail in tails.items():
             if tail is not None:
                 self._remember(rid, tail)

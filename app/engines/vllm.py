@@ -137,6 +137,9 @@ class VllmEngineConfig:
     #: A tokenizer (directory or name) for structured outputs; None: the model directory's
     #: ``tokenizer.json`` when it has one, else none (no structured outputs).
     tokenizer: str | None = None
+    #: Hand vLLM's Prometheus stat logger to the engine, so that ``/metrics`` serves its
+    #: ``vllm:*`` metrics (``app.metrics``); off with ``RESPONSES_LEDGER_METRICS=false``.
+    prometheus: bool = True
     #: token id -> bias added to every request (random-weight test models).
     logit_bias: Mapping[int, float] = field(default_factory=dict)
     #: Passed to ``AsyncEngineArgs`` as they are, after (and over) the fields above.
@@ -349,12 +352,17 @@ class VllmEngine:
             return
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
+        from vllm.v1.metrics.loggers import PrometheusStatLogger
 
         engine_args = AsyncEngineArgs(**self.config.engine_args())
+        # With a stat logger and ``disable_log_stats`` vLLM records its stats for that logger
+        # only (not its periodic log lines): PrometheusStatLogger registers the ``vllm:*``
+        # metrics in prometheus_client's global registry, as vLLM's own server does.
+        loggers = [PrometheusStatLogger] if self.config.prometheus else None
         # No local holding the AsyncLLM: something in vLLM's start-up keeps this frame alive,
         # and a frame holding it would keep it from being collected by stop().
         if self._core is None:
-            self._llm = AsyncLLM.from_engine_args(engine_args)
+            self._llm = AsyncLLM.from_engine_args(engine_args, stat_loggers=loggers)
         else:  # one of several API-server processes of one engine core (vLLM's api-server-count)
             addresses = dict(self._core)
             count, index = addresses.pop("client_count"), addresses.pop("client_index")
@@ -365,6 +373,7 @@ class VllmEngine:
                 client_addresses=addresses,
                 client_count=count,
                 client_index=index,
+                stat_loggers=loggers,
             )
         self.vocab_size = self._llm.model_config.get_vocab_size()
         self.max_model_len = self._llm.model_config.max_model_len

@@ -226,7 +226,11 @@ def test_an_unexpected_500_is_json_and_keeps_the_connection(
             error = _error(client.get(f"/v1/responses/{ident}"), 500)
         assert error["type"] == "server_error"
         assert "broken" not in error["message"] and "trouble" not in error["message"]  # not leaked
-        assert [r.exc_info is not None for r in caplog.records if r.levelname == "ERROR"] == [True]  # once
+        errors = [r for r in caplog.records if r.levelname == "ERROR" and r.name != "app.requests"]
+        assert [r.exc_info is not None for r in errors] == [True]  # once, with its traceback
+        # and the request's own line (app.logs), at ERROR for a 500, naming the response
+        lines = [r for r in caplog.records if r.name == "app.requests"]
+        assert [(r.levelname, r.http_status, r.response_id) for r in lines] == [("ERROR", 500, ident)]  # type: ignore[attr-defined]
         after = client.get("/v1/models")  # the same connection, still usable
         assert after.status_code == 200
         assert after.extensions["network_stream"].get_extra_info("client_addr")[1] == port
