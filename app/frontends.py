@@ -204,7 +204,9 @@ def _supervise(
         ended = wait(list(watched), timeout=0.2)
         if ended:
             proc = watched[ended[0]]  # type: ignore[index]
-            proc.join(0)
+            # its sentinel (a pipe) closes as the kernel tears the process down, a moment
+            # before it can be reaped: join(0) could still read no exit code
+            proc.join(5)
             log.error(
                 "%s (pid %s) exited (%s): stopping the others", proc.name, proc.pid, proc.exitcode
             )
@@ -318,10 +320,9 @@ def _frontend(
     """One frontend process: the whole server on the shared socket."""
     global _group
     _group = _Group(index=index, pids=pids, stopping=stopping)
-    logging.basicConfig(
-        level=settings.log_level.upper(),
-        format=f"%(asctime)s %(levelname)s [frontend {index}] %(name)s: %(message)s",
-    )
+    from app import logs
+
+    logs.configure(settings.log_level, settings.log_format)  # as the parent and one-process serve
     from app import transport
     from app.main import create_app
 
