@@ -175,7 +175,7 @@ class Compactions:
         service = self._service
         asked = request.model_copy(update={"tool_choice": "none", "text": None, "truncation": None})
         references = await item_refs.resolve(service.store, project, context)
-        rendered, _ = await service._render(asked, [], summarisation_items(context), references)
+        rendered, _ = await service.prompts.render(asked, [], summarisation_items(context), references)
         prompt_len = len(rendered.token_ids)
         limit = service.engine.max_model_len
         room = SUMMARY_MAX_TOKENS if limit is None else min(SUMMARY_MAX_TOKENS, limit - prompt_len)
@@ -269,12 +269,12 @@ class Compactions:
     ) -> list[dict[str, Any]]:
         """The items a compaction of ``request`` summarises: its history, then its input
         (without a final ``compaction_trigger``)."""
-        from app.service import normalize_input
+        from app.prompting import normalize_input
 
         service = self._service
         history: list[dict[str, Any]] = []
         if request.previous_response_id:
-            history = await service._history(request.previous_response_id, project)
+            history = await service.prompts.history(request.previous_response_id, project)
         elif conversation:
             history = await service.conversations.history(conversation, project)
         try:
@@ -359,8 +359,8 @@ class Compactions:
         kept = kept_user_messages(plan.context)
         items = [*(dict(i) for i in kept), item]
         references = await item_refs.resolve(service.store, plan.project, items)
-        rendered, _ = await service._render(request, [], items, references)
-        sampling = service._sampling(request, rendered, len(rendered.token_ids))
+        rendered, _ = await service.prompts.render(request, [], items, references)
+        sampling = service.prompts.sampling(request, rendered, len(rendered.token_ids))
         return Step(usage=summary.usage, prompt=rendered, sampling=sampling)
 
 

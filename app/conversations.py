@@ -129,7 +129,7 @@ class ConversationTurn:
 
 class Conversations:
     """The conversations of every project in ``store``. ``normalize``: how a request's items
-    are given ids and their listed shape (``app.service.normalize_input``)."""
+    are given ids and their listed shape (``app.prompting.normalize_input``)."""
 
     def __init__(
         self,

@@ -67,7 +67,7 @@ async def count(service: ResponseService, body: dict[str, Any], *, project: str)
     request = CreateResponse.model_validate({**fields, "model": model, "store": False})
     service.resolve_model(request.model)
     conversation = conversation_param(getattr(request, "conversation", None), request.previous_response_id)
-    _, rendered, _ = await service.prompt(request, project, conversation)
+    _, rendered, _ = await service.prompts.prompt(request, project, conversation)
     prompt_len = len(rendered.token_ids)
-    service._sampling(request, rendered, prompt_len)  # create's last checks: context window, text.format
+    service.prompts.sampling(request, rendered, prompt_len)  # create's last checks: context window, text.format
     return {"object": "response.input_tokens", "input_tokens": prompt_len}

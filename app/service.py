@@ -15,25 +15,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
 import dataclasses
 import functools
 import logging
-import os
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
-from datetime import UTC, datetime
 from typing import Any
 
 from openai_harmony import HarmonyEncoding
 
-from app import constraints, item_refs, offload
-from app.chunked_render import ChunkedEncoding, is_panic, text_size_over
 from app.compaction import Compactions, Plan
 from app.contract import UNSET_FIELDS
 from app.conversations import Conversations, ConversationTurn, conversation_param
 from app.drain import Drain
-from app.engines.protocol import Engine, EngineChunk, EngineError, PromptTooLong, Sampling
+from app.engines.protocol import Engine, EngineChunk, EngineError, Sampling
 from app.errors import APIError, not_found
 from app.leases import new_replica
 from app.live import (
@@ -46,8 +41,8 @@ from app.live import (
     error_frame,
     stored_frames,
 )
-from app.logprobs import requested_logprobs
 from app.metrics import Metrics
+from app.prompting import Prompts, new_id, normalize_input
 from app.reasoning_crypto import ReasoningCipher
 from app.remote_cancel import RemoteCancels
 from app.repair import STORE_UNAVAILABLE, Repairs, store_unavailable_error
@@ -56,12 +51,10 @@ from app.tails import TailReads
 from app.takeover import TAKEOVER_FAILED, GenerationSpec, Resumed, Takeovers
 from app.wire import CreateResponse, list_page
 from domain.builder import ResponseBuilder, TerminalStatus, Usage
-from domain.compaction import split_trigger
 from domain.decoder import DecodeResult, HarmonyDecoder
 from domain.events import TERMINAL_TYPES
-from domain.projections import fold, from_wire, output_as_input
-from domain.prompt import PromptRequest, RenderedPrompt, render_prompt
-from domain.truncation import Truncated, fit, truncation_audit
+from domain.projections import fold, from_wire
+from domain.truncation import truncation_audit
 from persistence.doorbell import Doorbell, LocalDoorbell
 from persistence.errors import Fenced, NotFound, StoreError, StoreUnavailable
 from persistence.records import DEFAULT_PROJECT, AuditRecord, NewResponse, StoredEvent
@@ -98,51 +91,13 @@ _ECHOED = (
 #: stream is never throttled, many streams share a bounded buffer.
 _BACKLOG_BUDGET = 16384
 _MIN_BACKLOG = 32
-#: Prompts with more characters of text than this are rendered off the event loop.
-_LARGE_PROMPT_CHARS = 64 * 1024
 #: Events read from the store per query when replaying a log.
 _PAGE = 256
 _TERMINAL_STATUSES = frozenset({"completed", "incomplete", "failed", "cancelled"})
 
 
-def new_id(prefix: str) -> str:
-    return f"{prefix}_{os.urandom(24).hex()}"
-
-
 def _now() -> int:
     return int(time.time())
-
-
-def normalize_input(value: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The request's input as stored and listed by ``input_items``: a list of items, each with an
-    ``id``; a string becomes one user message; messages get ``"type": "message"``, a ``status``
-    and their content as a list of parts (``input_text``, or ``output_text`` for the assistant),
-    the shape OpenAI lists them in. ``domain.prompt`` renders both shapes identically.
-    """
-    if isinstance(value, str):
-        value = [{"type": "message", "role": "user", "content": value}]
-    prefixes = {
-        "message": "msg",
-        "function_call_output": "fco",
-        "custom_tool_call_output": "ctco",
-        "compaction": "cmp",
-        "compaction_trigger": "cmpt",
-    }
-    items: list[dict[str, Any]] = []
-    for original in value:
-        item = copy.deepcopy(original)
-        if "type" not in item and "role" in item:
-            item["type"] = "message"
-        if item.get("type") == "message":
-            if isinstance(item.get("content"), str):
-                part = "output_text" if item.get("role") == "assistant" else "input_text"
-                extra = {"annotations": []} if part == "output_text" else {}
-                item["content"] = [{"type": part, "text": item["content"], **extra}]
-            item.setdefault("status", "completed")
-        if not item.get("id"):
-            item["id"] = new_id(prefixes.get(str(item.get("type")), "item"))
-        items.append(item)
-    return items
 
 
 class ResponseService:
@@ -198,6 +153,16 @@ class ResponseService:
         self.conversations = Conversations(store, encoding, cipher, new_id=new_id, normalize=normalize_input)
         #: Compaction: ``/v1/responses/compact``, ``compaction_trigger``, ``context_management``.
         self.compactions = Compactions(self, new_id=new_id)
+        #: The prompts of requests: history, references, rendering, truncation, sampling.
+        self.prompts = Prompts(
+            store,
+            engine,
+            encoding,
+            self.conversations,
+            default_effort=settings.default_reasoning_effort,
+            decrypt=cipher.decrypt,
+            open_compaction=self.compactions.open,
+        )
         #: Streams following a log written elsewhere now (``_follow``).
         self.followers = 0
         self.metrics = metrics if metrics is not None else Metrics(enabled=False)
@@ -263,12 +228,12 @@ class ResponseService:
         conversation = conversation_param(getattr(request, "conversation", None), request.previous_response_id)
         if request.store or request.previous_response_id or conversation:
             self.check_writable()  # a store=false response without history needs no database
-        input_items, rendered, truncated = await self.prompt(request, project, conversation)
+        input_items, rendered, truncated = await self.prompts.prompt(request, project, conversation)
         compaction = await self.compactions.plan(
             request, input_items, rendered, project=project, conversation=conversation
         )
         prompt_ids = rendered.token_ids
-        sampling = self._sampling(request, rendered, len(prompt_ids))
+        sampling = self.prompts.sampling(request, rendered, len(prompt_ids))
 
         response_id = new_id("resp")
         created_at = _now()
@@ -341,113 +306,6 @@ class ResponseService:
         task.add_done_callback(self._tasks.discard)
         if self.metrics.enabled:
             task.add_done_callback(functools.partial(self.metrics.run_ended, run))
-
-    async def prompt(
-        self, request: CreateResponse, project: str, conversation: str | None = None
-    ) -> tuple[list[dict[str, Any]], RenderedPrompt, Truncated[RenderedPrompt] | None]:
-        """The request's input items (normalised) and its prompt, rendered with its
-        ``previous_response_id`` chain or its ``conversation``'s items, and its item references
-        (``app.item_refs``), and what ``truncation: "auto"`` dropped: what ``create`` generates
-        from, and what ``app.input_tokens`` counts."""
-        history: list[dict[str, Any]] = []
-        if request.previous_response_id:
-            history = await self._history(request.previous_response_id, project)
-        elif conversation:
-            history = await self.conversations.history(conversation, project)
-        input_items = normalize_input(request.input)
-        context, _ = split_trigger(input_items)  # a final compaction_trigger is acted on, not rendered
-        references = await item_refs.resolve(self.store, project, [*history, *context])
-        rendered, truncated = await self._render(request, history, context, references)
-        return input_items, rendered, truncated
-
-    async def _history(self, previous_response_id: str, project: str) -> list[dict[str, Any]]:
-        try:
-            chain = await self.store.load_chain(previous_response_id, project=project)
-        except NotFound:
-            raise APIError(
-                404,
-                f"Previous response with id '{previous_response_id}' not found.",
-                param="previous_response_id",
-                code="previous_response_not_found",
-            ) from None
-        items: list[dict[str, Any]] = []
-        for link in chain:
-            items.extend(link.input_items)
-            terminal = next((e for e in reversed(link.events) if e.type in TERMINAL_TYPES), None)
-            if terminal is not None:
-                output = terminal.payload["response"].get("output", [])
-            else:  # still generating: what has finished so far
-                output = [e.payload["item"] for e in link.events if e.type == "response.output_item.done"]
-            items.extend(output_as_input(item) for item in output)
-        return items
-
-    async def _render(
-        self,
-        request: CreateResponse,
-        history: list[dict[str, Any]],
-        input_items: list[dict[str, Any]],
-        references: dict[str, dict[str, Any]],
-    ) -> tuple[RenderedPrompt, Truncated[RenderedPrompt] | None]:
-        """The prompt, with every token id checked against the engine's vocabulary. A large one
-        (over ``_LARGE_PROMPT_CHARS`` of text) is rendered in a worker thread, its long texts in
-        short Harmony calls (:mod:`app.chunked_render`): Harmony holds the GIL while it works, so
-        an 8 MB message rendered in one call stalled every stream for 0.6 s.
-
-        With ``truncation: "auto"``, a prompt that does not fit the context loses its oldest
-        items (:mod:`domain.truncation`); what was dropped comes back with it."""
-        effort = (request.reasoning.effort if request.reasoning else None) or self.settings.default_reasoning_effort
-        prompt = PromptRequest(
-            instructions=request.instructions,
-            items=[*history, *input_items],
-            tools=request.tools,
-            tool_choice=request.tool_choice,
-            reasoning_effort=effort,
-            current_date=datetime.now(UTC).strftime("%Y-%m-%d"),
-            history_length=len(history),
-            decrypt=self.cipher.decrypt,
-            decrypt_compaction=self.compactions.open,
-            resolve_reference=references.get,
-            response_format=(request.text or {}).get("format"),
-        )
-        vocab_size = self.engine.vocab_size
-        large = text_size_over((request.instructions, request.tools, history, input_items), _LARGE_PROMPT_CHARS)
-        encoding: Any = ChunkedEncoding(self.encoding) if large else self.encoding
-        render = functools.partial(_render_checked, encoding, vocab_size=vocab_size)
-        rendered = await offload.run(render, prompt) if large else render(prompt)
-        fits = functools.partial(self._fits, request.max_output_tokens)
-        if request.truncation != "auto" or fits(rendered):
-            return rendered, None
-
-        def measure(items: Sequence[Any], history_length: int) -> RenderedPrompt:
-            return render(dataclasses.replace(prompt, items=items, history_length=history_length))
-
-        search = functools.partial(fit, prompt.items, len(history), measure, fits, resolve=references.get)
-        truncated = await offload.run(search) if large else search()
-        if truncated is None:  # not even the last item alone fits: context_length_exceeded
-            return rendered, None
-        return truncated.result, truncated
-
-    def _fits(self, max_tokens: int | None, rendered: RenderedPrompt) -> bool:
-        limit = self.engine.max_model_len
-        prompt_len = len(rendered.token_ids)
-        return limit is None or (prompt_len < limit and (max_tokens is None or prompt_len + max_tokens <= limit))
-
-    def _sampling(self, request: CreateResponse, rendered: RenderedPrompt, prompt_len: int) -> Sampling:
-        max_tokens = request.max_output_tokens
-        if not self._fits(max_tokens, rendered):
-            assert self.engine.max_model_len is not None
-            raise PromptTooLong(prompt_len, max_tokens, self.engine.max_model_len)
-        return Sampling(
-            max_tokens=max_tokens,
-            temperature=request.temperature,
-            top_p=request.top_p,
-            seed=request.seed,
-            presence_penalty=request.presence_penalty,
-            frequency_penalty=request.frequency_penalty,
-            stop_token_ids=rendered.stop_token_ids,
-            grammar=constraints.grammar_for((request.text or {}).get("format"), rendered, self.engine.constrains),
-            logprobs=requested_logprobs(request, self.engine),
-        )
 
     def skeleton(self, request: CreateResponse, response_id: str, created_at: int, model: str) -> dict[str, Any]:
         """The Response of ``response.created``: every field of OpenAI's, the request echoed."""
@@ -1068,31 +926,6 @@ class ResponseService:
             await asyncio.wait(tasks, timeout=10)
         with contextlib.suppress(StoreError):  # gone cleanly: nothing of ours to sweep
             await self.store.release(self.replica.id)
-
-
-def _render_checked(encoding: Any, prompt: PromptRequest, vocab_size: int) -> RenderedPrompt:
-    """``render_prompt``, with a panic inside openai-harmony (pyo3's ``PanicException``, a
-    ``BaseException``) answered as a 400 about the input rather than escaping every handler,
-    and every token id checked against the engine's vocabulary."""
-    try:
-        rendered = render_prompt(encoding, prompt)
-    except BaseException as exc:
-        if not is_panic(exc):
-            raise
-        log.warning("openai-harmony panicked rendering a prompt: %s", exc)
-        raise APIError(
-            400,
-            f"The input could not be tokenized: the tokenizer failed on it ({exc}).",
-            param="input",
-            code="invalid_prompt",
-        ) from None
-    ids = rendered.token_ids
-    for start in range(0, len(ids), 1 << 16):  # C loops, in slices: each holds the GIL briefly
-        piece = ids[start : start + (1 << 16)]
-        if min(piece) < 0 or max(piece) >= vocab_size:
-            token = next(t for t in piece if not 0 <= t < vocab_size)
-            raise EngineError(f"prompt token id {token} is outside the vocabulary")
-    return rendered
 
 
 async def _no_chunks() -> AsyncIterator[EngineChunk]:

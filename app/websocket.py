@@ -57,7 +57,8 @@ from app.contract import check_request
 from app.errors import APIError, to_api_error
 from app.keys import Caller
 from app.limits import CALLER, KeyLimits
-from app.service import ResponseService, new_id, normalize_input
+from app.prompting import new_id, normalize_input
+from app.service import ResponseService
 from app.wire import CreateResponse
 
 __all__ = ["routes", "sse_data"]
@@ -299,7 +300,7 @@ class ResponsesSocket:
         which a later ``response.create`` names as ``previous_response_id``. Nothing is
         generated or stored: the response is ``store=false``-like whatever ``store`` says, so
         only this connection can continue it."""
-        await self.service.prompt(create, self.caller.project)
+        await self.service.prompts.prompt(create, self.caller.project)
         response_id = new_id("resp")
         history = normalize_input(body.get("input") or [])
         self._local[response_id] = (body.get("previous_response_id"), history)

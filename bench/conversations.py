@@ -96,7 +96,7 @@ async def _measure(url: str, others: int) -> dict[str, float]:
 
         async def history() -> None:
             found = await service.conversations.history(row.id, _PROJECT)
-            await service._render(request, found, [])
+            await service.prompts.render(request, found, [])
 
         async def page() -> None:
             listed, more = await conversations.list_items(

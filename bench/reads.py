@@ -121,7 +121,7 @@ async def _measure(url: str, others: int) -> dict[str, float]:
             assert response["status"] == "completed"
 
         async def chain() -> None:
-            await service.prompt(request, "default")
+            await service.prompts.prompt(request, "default")
 
         async def chain_cold() -> None:  # no message rendered before (a restarted server)
             forget_rendered()

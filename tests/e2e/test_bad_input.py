@@ -114,12 +114,12 @@ def test_a_panic_inside_harmony_is_a_400_about_the_input() -> None:
     the body check refuses such runs first, and this is the net behind it (input replayed from a
     previous response is not a body)."""
     from app.errors import APIError
-    from app.service import _render_checked
+    from app.prompting import render_checked
     from domain.prompt import PromptRequest
 
     request = PromptRequest(instructions=None, items=" " * 1_048_576, reasoning_effort="low")
     with pytest.raises(APIError) as caught:
-        _render_checked(load_encoding(), request, 201088)
+        render_checked(load_encoding(), request, 201088)
     assert caught.value.status == 400 and caught.value.param == "input"
 
 
