@@ -461,7 +461,11 @@ async def test_dead_engine_core_ends_streams_with_error(vllm_scratch: Path) -> N
     psutil = pytest.importorskip("psutil")
     me = psutil.Process()
     before = {child.pid for child in me.children()}
-    engine = VllmEngine(tiny_engine_config(vllm_scratch / "doomed", served_model_names=("doomed",)))
+    # no Prometheus logger: vLLM's would replace the shared engine's vllm:* metrics in the
+    # process's one registry (tests/engines/test_vllm_metrics.py reads them after this test)
+    engine = VllmEngine(
+        tiny_engine_config(vllm_scratch / "doomed", served_model_names=("doomed",), prometheus=False)
+    )
     await engine.start()
     try:
         stream = engine.generate(prompt(8), LONG, "doomed-1")
