@@ -27,7 +27,7 @@ from app.keys import OPEN_CALLER, Caller, KeyRing
 from app.limits import CALLER, RELEASE, KeyLimits
 from persistence.errors import StoreError
 
-__all__ = ["KeyAuth", "refuse_upgrade"]
+__all__ = ["KeyAuth", "refuse_upgrade", "serve_as"]
 
 _BEARER = b"bearer "
 
@@ -69,14 +69,20 @@ class KeyAuth:
         if refused is not None:
             await _answer(scope, receive, send, refused)
             return
-        releases: list[Callable[[], None]] = []
-        scope[CALLER] = caller
-        scope[RELEASE] = releases
-        try:
-            await self.app(scope, receive, send)
-        finally:
-            for release in releases:
-                release()
+        await serve_as(caller, self.app, scope, receive, send)
+
+
+async def serve_as(caller: Caller, app: ASGIApp, scope: Scope, receive: Receive, send: Send) -> None:
+    """Run ``app`` for ``caller``: put in the scope for the routes (``app.limits.CALLER``), with
+    the releases its streams register (``RELEASE``: their slots) run when it is done."""
+    releases: list[Callable[[], None]] = []
+    scope[CALLER] = caller
+    scope[RELEASE] = releases
+    try:
+        await app(scope, receive, send)
+    finally:
+        for release in releases:
+            release()
 
 
 def _guarded(path: str) -> bool:

@@ -32,7 +32,7 @@ import itertools
 import json
 import math
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -45,9 +45,9 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.audit_log import log_lines
+from app.auth import serve_as
 from app.errors import APIError, guard, handle_exception, not_found
 from app.keys import OPEN_CALLER, Caller, KeyRing
-from app.limits import CALLER, RELEASE
 from persistence.errors import NotFound, StoreError
 from persistence.listing import ResponseQuery
 from persistence.records import ResponseRow
@@ -100,14 +100,7 @@ class AuditGate:
             response: Any = await handle_exception(Request(scope, receive), exc)
             await response(scope, receive, send)
             return
-        releases: list[Callable[[], None]] = []
-        scope[CALLER] = caller
-        scope[RELEASE] = releases
-        try:
-            await self.app(scope, receive, send)
-        finally:
-            for release in releases:
-                release()
+        await serve_as(caller, self.app, scope, receive, send)
 
 
 async def _admin(ring: KeyRing | None, scope: Scope) -> Caller:
