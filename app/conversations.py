@@ -250,10 +250,9 @@ class Conversations:
         """The turn a stored response owes its conversation (None if it names none): what a
         takeover continuing it on another replica appends when it ends, as its first owner
         would have."""
-        conversation = row.request.get("conversation")
-        if isinstance(conversation, dict):
-            conversation = conversation.get("id")
-        if not isinstance(conversation, str) or not conversation:
+        # the stored request passed this check when it was created
+        conversation = conversation_param(row.request.get("conversation"), None)
+        if conversation is None:
             return None
         # every input item in one page (a request body's size bounds how many it has)
         items, _ = await self._store.list_input_items(row.id, after=None, limit=1 << 20, order="asc")
