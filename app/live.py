@@ -311,8 +311,8 @@ class LogWriter:
         if self._submit_fn is None:
             self._next_seq += len(events)
             self._run.publish(batch)
-            if output and self._timing is not None:  # no commit to take the time from
-                self._observe(self._timing, time.monotonic())
+            if output and self._timing is not None:
+                self._observe(self._timing)
             self._flush()
             return
         self._inflight = True
@@ -328,10 +328,10 @@ class LogWriter:
             for submit, outer in after:
                 _chain(submit(), outer)
 
-    def _observe(self, timing: StreamTiming, now: float) -> None:
-        """A batch with output was published to the streams at ``now`` (once per commit per
-        response, never per token): the first one's time to first token, or the gap since the
-        previous one."""
+    def _observe(self, timing: StreamTiming) -> None:
+        """A batch with output was just published to the streams (a response without a store:
+        no commit to take the time from)."""
+        now = time.monotonic()
         last = self._last_output
         if last is not None:
             timing.gap(now - last)
@@ -357,9 +357,15 @@ class LogWriter:
             return
         self._run.publish(batch)
         timing = self._timing
-        if output and timing is not None:
+        if output and timing is not None:  # as _observe, inlined: once per commit per response
             # right after its commit: the time the store read when it was done
-            self._observe(timing, timing.committed_at if timing.commit_clock else time.monotonic())
+            now = timing.committed_at if timing.commit_clock else time.monotonic()
+            last = self._last_output
+            if last is not None:
+                timing.gap(now - last)
+            elif self._run.started is not None:
+                timing.first(now - self._run.started)
+            self._last_output = now
         self._flush()
 
     async def drain(self) -> None:
