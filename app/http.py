@@ -7,6 +7,7 @@ sse-starlette passes ``bytes`` through untouched and adds keep-alive comments on
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 from collections.abc import AsyncIterator
@@ -108,7 +109,7 @@ async def create_response(request: Request) -> Response:
         if not run.published:
             raise _run_failure(run, "The response could not be stored.")
         if create.stream:
-            return _sse(_live_stream(service, run), live=True)
+            return _sse(_live_stream(service, run, request.scope), live=True)
         return JSONResponse(run.created_response)
     await run.finished.wait()
     if run.final_response is None:
@@ -124,10 +125,16 @@ def _run_failure(run: Run, message: str) -> Exception:
     return APIError(500, message, type="server_error")
 
 
-async def _live_stream(service: ResponseService, run: Run) -> AsyncIterator[bytes]:
+async def _live_stream(service: ResponseService, run: Run, scope: Any) -> AsyncIterator[bytes]:
+    """The creating request's stream. After its first batch, its frames are written to the
+    connection by the commits that make them durable (``transport.body_writer``), not sent by
+    this generator through sse-starlette and the middleware: a token then costs no task switch
+    and no ``send`` chain. The first batch and the last (the terminal event, or the ``error``
+    that ends a stream none can end) still come through here."""
     finished = False
     try:
-        async for chunk in service.stream(run.id, -1, run=run, queue=run.first_queue):
+        direct = functools.partial(transport.body_writer, scope)
+        async for chunk in service.stream(run.id, -1, run=run, queue=run.first_queue, direct=direct):
             yield chunk
         finished = True
     finally:

@@ -83,7 +83,7 @@ class Subscription:
     wait) cannot make the queue grow past that: once it would, the queue drops what it holds,
     and ``get`` raises ``SubscriptionOverflow``."""
 
-    __slots__ = ("_batches", "_bytes", "_limit", "_waiter", "overflowed")
+    __slots__ = ("_batches", "_bytes", "_detached", "_limit", "_waiter", "_write", "overflowed", "written")
 
     def __init__(self, limit_bytes: int | None = None) -> None:
         self._batches: collections.deque[Batch] = collections.deque()
@@ -91,8 +91,58 @@ class Subscription:
         self._limit = limit_bytes
         self._bytes = 0
         self.overflowed = False
+        #: While attached (:meth:`attach`): where batches are written as they are published.
+        self._write: Callable[[bytes], bool] | None = None
+        self._detached: asyncio.Future[None] | None = None
+        #: The last seq written while attached (-1: none).
+        self.written = -1
+
+    def attach(self, write: Callable[[bytes], bool]) -> asyncio.Future[None]:
+        """Hand every batch published from now on (and any queued) to ``write`` at once, in
+        the publisher's call, instead of queueing it for a reader's task to wake up and send:
+        a live stream's frames then reach its socket straight from the commit that made them
+        durable, with no task switch per token. ``write`` returns False when it cannot write.
+
+        The terminal batch is never written here, nor is a batch ``write`` refuses: either
+        detaches the subscription, queues that batch, and resolves the future returned, so the
+        reader goes on with ``get`` (and ends the stream as it always does). Unbounded
+        subscriptions only (a bounded one's reader must be able to fall behind)."""
+        assert self._limit is None and self._write is None
+        detached: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        queued = self._batches
+        while queued and not queued[0].terminal and queued[0].frames:
+            if not self._write_out(write, queued[0]):
+                break
+            queued.popleft()
+        if queued:
+            detached.set_result(None)
+        else:
+            self._write, self._detached = write, detached
+        return detached
+
+    def _write_out(self, write: Callable[[bytes], bool], batch: Batch) -> bool:
+        frames = batch.frames
+        try:
+            if not write(frames[0] if len(frames) == 1 else b"".join(frames)):
+                return False
+        except Exception:  # a transport that fails must not fail the commit that published
+            log.exception("writing a live stream's batch failed")
+            return False
+        self.written = batch.first_seq + len(frames) - 1
+        return True
+
+    def _detach(self) -> None:
+        detached = self._detached
+        self._write = self._detached = None
+        if detached is not None and not detached.done():
+            detached.set_result(None)
 
     def put_nowait(self, batch: Batch) -> None:
+        write = self._write
+        if write is not None:
+            if not batch.terminal and batch.frames and self._write_out(write, batch):
+                return
+            self._detach()
         if self._limit is not None:
             if self.overflowed:
                 return

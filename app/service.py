@@ -610,7 +610,13 @@ class ResponseService:
         return fold(from_wire(e.type, e.seq, e.payload) for e in events)
 
     async def stream(
-        self, response_id: str, after: int = -1, *, run: Run | None = None, queue: Subscription | None = None
+        self,
+        response_id: str,
+        after: int = -1,
+        *,
+        run: Run | None = None,
+        queue: Subscription | None = None,
+        direct: Callable[[], Callable[[bytes], bool] | None] | None = None,
     ) -> AsyncIterator[bytes]:
         """SSE bytes of the log after ``after``, then the live events until the terminal one.
 
@@ -622,6 +628,11 @@ class ResponseService:
 
         Every stream ends with its terminal event or, if none can come (the run stopped without
         one, the database stayed unreachable), with an ``error`` event: never a silent end.
+
+        ``direct`` (the creating request's, ``app.http``): once the first batch has been sent, it
+        gives a writer to the connection (``transport.body_writer``), and the batches after it
+        are written from the commits that publish them (``Subscription.attach``) until the
+        terminal one, which comes back through here.
         """
         read_store = queue is None
         # A reader of the stored log may fall behind the live run (its client reads slowly):
@@ -680,6 +691,11 @@ class ResponseService:
                             break
                         yield self._run_error_frame(run, sent)
                     return
+                if direct is not None:  # the first batch is out: the rest go straight out
+                    write, direct = direct(), None
+                    if write is not None:
+                        await queue.attach(write)
+                        sent = max(sent, queue.written)
             # written by another process, or to be closed by the repair loop
             async for frames_or_end in self._follow(response_id, sent):
                 if isinstance(frames_or_end, bytes):

@@ -79,7 +79,7 @@ from app.settings import Settings
 if TYPE_CHECKING:
     from uvicorn.protocols.http.flow_control import FlowControl
 
-__all__ = ["EXTENSION", "Limits", "Server", "Stats", "bounded_send", "protocol_class", "raise_fd_limit", "run", "server"]
+__all__ = ["EXTENSION", "Limits", "Server", "Stats", "body_writer", "bounded_send", "protocol_class", "raise_fd_limit", "run", "server"]
 
 log = logging.getLogger(__name__)
 
@@ -156,6 +156,8 @@ class Stats:
     head_too_large: int = 0
     cut_send_buffer: int = 0
     cut_stalled: int = 0
+    #: Live streams whose batches were written straight from their commits (``body_writer``).
+    written_direct: int = 0
 
 
 class _Connections:
@@ -365,6 +367,44 @@ class _Guard:
 
         return send_bounded
 
+    def body_writer(self) -> Callable[[bytes], bool] | None:
+        """Write one body chunk of the live stream now, without the ASGI ``send`` chain (see
+        :func:`body_writer`). Only for a stream that :meth:`bounded_send` marked live."""
+        if not self._live:
+            return None
+        cycle = self.cycle
+        frame = self._body_framer(cycle)
+        if frame is None:
+            return None
+        limit = self._limits.send_buffer_bytes
+        flow, transport = self.flow, self.transport
+        self._connections.stats.written_direct += 1
+
+        def write(body: bytes) -> bool:
+            if (
+                self.cycle is not cycle
+                or not cycle.response_started
+                or cycle.response_complete
+                or cycle.disconnected
+                or transport.is_closing()
+            ):
+                return False
+            if flow.write_paused:  # more than send_buffer_bytes unread: what send_bounded does
+                log.info("closing a stream whose client has %d bytes unread (send_buffer_bytes=%d)",
+                         transport.get_write_buffer_size(), limit)
+                self._connections.stats.cut_send_buffer += 1
+                self._cut()
+                return False
+            transport.write(frame(body))
+            return True
+
+        return write
+
+    def _body_framer(self, cycle: Any) -> Callable[[bytes], bytes] | None:
+        """How this protocol frames a body chunk of ``cycle``'s response on the wire (None:
+        only its own ``send`` can write it)."""
+        raise NotImplementedError
+
     # -- the limits -------------------------------------------------------------------------------
 
     def _request_read(self) -> bool:
@@ -494,6 +534,10 @@ class _H11(_Guard, H11Protocol):
     def _request_read(self) -> bool:
         return self.conn.their_state is h11.IDLE
 
+    def _body_framer(self, cycle: Any) -> Callable[[bytes], bytes] | None:
+        conn = self.conn
+        return lambda body: conn.send(h11.Data(data=body))  # h11 keeps the framing's state
+
 
 @functools.cache
 def _httptools_class() -> type[asyncio.Protocol] | None:
@@ -515,6 +559,12 @@ def _httptools_class() -> type[asyncio.Protocol] | None:
         def on_message_complete(self) -> None:
             self._message_read = True
             super().on_message_complete()
+
+        def _body_framer(self, cycle: Any) -> Callable[[bytes], bytes] | None:
+            # what RequestResponseCycle.send writes for a chunk with more to come
+            if not cycle.chunked_encoding or cycle.scope["method"] == "HEAD":
+                return None
+            return lambda body: b"%x\r\n%b\r\n" % (len(body), body)
 
     return _HttpTools
 
@@ -627,6 +677,24 @@ def bounded_send(scope: Any, send: Send) -> Send:
         return send
     bounded: Send = connection.bounded_send(send)
     return bounded
+
+
+def body_writer(scope: Any) -> Callable[[bytes], bool] | None:
+    """For a live stream whose ``send`` is :func:`bounded_send`'s: a function that writes one
+    body chunk to the connection at once, from wherever it is called (a commit's callback), with
+    no task, no ``await`` and none of the middleware's ``send`` wrappers in between. It keeps
+    ``bounded_send``'s bound: past ``send_buffer_bytes`` unread it closes the connection. It
+    returns False (and writes nothing) once the response has not begun, is complete, or its
+    connection is gone or cut: the caller then sends through ASGI again, which sees why.
+
+    The chunk is framed as uvicorn frames it (chunked encoding; h11 through its own state), so
+    the wire is byte for byte what ``send`` would have written. None without this module's
+    protocol underneath, or when the response is not chunked."""
+    connection = scope.get("extensions", {}).get(EXTENSION)
+    if connection is None:
+        return None
+    writer: Callable[[bytes], bool] | None = connection.body_writer()
+    return writer
 
 
 def run(app: Any, settings: Settings) -> None:

@@ -162,3 +162,63 @@ async def test_a_bounded_subscription_drops_what_it_holds_past_its_limit() -> No
     for seq in range(5):
         unbounded.put_nowait(Batch(seq, (b"x" * 60,), False))
     assert [(await unbounded.get()).first_seq for _ in range(5)] == [0, 1, 2, 3, 4]
+
+
+async def test_an_attached_subscription_writes_each_batch_as_it_is_published() -> None:
+    """A live stream's batches go to its writer in the publisher's call, in order, queued ones
+    first; the terminal batch detaches it and is queued for the reader, which ends the stream."""
+    from app.live import Batch
+
+    queue = Subscription()
+    queue.put_nowait(Batch(0, (b"a",), False))  # published before the reader attached
+    queue.put_nowait(Batch(1, (b"b", b"c"), False))
+    written: list[bytes] = []
+
+    def write(body: bytes) -> bool:
+        written.append(body)
+        return True
+
+    detached = queue.attach(write)
+    assert written == [b"a", b"bc"] and queue.empty() and not detached.done()
+    queue.put_nowait(Batch(3, (b"d",), False))
+    assert written == [b"a", b"bc", b"d"] and queue.written == 3  # no reader woke for it
+    queue.put_nowait(Batch(4, (b"end",), True))
+    assert written == [b"a", b"bc", b"d"] and detached.done()
+    assert (await queue.get()).frames == (b"end",)  # the reader sends the end itself
+    queue.put_nowait(Batch(5, (b"late",), False))  # detached: queued, not written
+    assert written[-1] == b"d" and not queue.empty()
+
+
+async def test_a_batch_the_writer_refuses_detaches_and_waits_for_the_reader() -> None:
+    """A writer that cannot write (the connection is gone, or was cut past its send buffer),
+    or that fails, loses nothing: that batch and the later ones are queued for the reader."""
+    from app.live import Batch
+
+    for refusal in ("refuse", "raise"):
+        queue = Subscription()
+        calls: list[bytes] = []
+
+        def write(body: bytes, refusal: str = refusal, calls: list[bytes] = calls) -> bool:
+            calls.append(body)
+            if body == b"b":
+                if refusal == "raise":
+                    raise OSError("the transport broke")
+                return False
+            return True
+
+        detached = queue.attach(write)
+        queue.put_nowait(Batch(0, (b"a",), False))
+        queue.put_nowait(Batch(1, (b"b",), False))
+        assert detached.done() and queue.written == 0
+        queue.put_nowait(Batch(2, (b"c",), False))
+        assert calls == [b"a", b"b"]
+        assert [(await queue.get()).first_seq for _ in range(2)] == [1, 2]
+
+    queue = Subscription()
+    queue.put_nowait(Batch(0, (b"a",), False))
+    queue.put_nowait(Batch(1, (), True))  # the run stopped without a terminal event
+    written: list[bytes] = []
+    # what comes before the end is written; then nothing is left to attach for
+    assert queue.attach(lambda body: written.append(body) is None).done()
+    assert written == [b"a"] and queue.written == 0
+    assert (await queue.get()).first_seq == 1

@@ -211,6 +211,53 @@ def test_stalled_live_stream_is_closed_past_the_send_buffer_and_its_response_is_
     assert _stats(server).cut_send_buffer == cuts + 1, _stats(server)
 
 
+def _dechunk(body: bytes) -> tuple[bytes, bool]:
+    """The payload of a chunked body, strictly framed (every size line, every CRLF), and
+    whether its last chunk has arrived."""
+    out, pos = [], 0
+    while pos < len(body):
+        line_end = body.index(b"\r\n", pos)
+        size = int(body[pos:line_end], 16)
+        start = line_end + 2
+        if size == 0:
+            assert body[start:] == b"\r\n", body[start:][:100]
+            return b"".join(out), True
+        assert body[start + size : start + size + 2] == b"\r\n", "a chunk's size line is wrong"
+        out.append(body[start : start + size])
+        pos = start + size + 2
+    return b"".join(out), False
+
+
+def test_a_paced_live_stream_is_written_from_its_commits_byte_for_byte(
+    server: RunningServer, engine: ScriptedEngine
+) -> None:
+    """After its first batch, a live stream's frames are written by the commits that make them
+    durable (``transport.body_writer``), not sent through ASGI: on both parsers the wire is
+    well-formed chunked HTTP, and its bytes are exactly the stored log's replay."""
+    words = " ".join(f"w{i}" for i in range(60))
+    engine.add_turns({"completion": harmony(("final", words)), "token_delay_ms": 2})
+    direct = _stats(server).written_direct
+    with _connect(server) as sock:
+        sock.sendall(_post("/v1/responses", {"model": MODEL, "input": "go", "stream": True}))
+        raw, done = b"", False
+        while not done:
+            chunk = sock.recv(1 << 16)
+            assert chunk, raw[-300:]
+            raw += chunk
+            if b"\r\n\r\n" in raw:
+                status, headers, body = _response(raw)
+                assert status == 200 and headers["transfer-encoding"] == "chunked"
+                live, done = _dechunk(body)
+    events = sse_events(live)
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    assert events[-1]["type"] == "response.completed"
+    assert "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta") == words
+    assert _stats(server).written_direct == direct + 1
+    response_id = events[0]["response"]["id"]
+    replay = httpx.get(f"{server.base_url}/v1/responses/{response_id}", params={"stream": "true"}, timeout=30)
+    assert replay.content == live
+
+
 def test_stalled_replay_is_closed_after_the_stall_time(server: RunningServer, engine: ScriptedEngine) -> None:
     engine.add_turns(BIG)
     done = httpx.post(f"{server.base_url}/v1/responses", json={"model": MODEL, "input": "go"}, timeout=120)
