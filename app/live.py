@@ -4,7 +4,10 @@ A :class:`Run` is the in-process side of one response being generated. Its :clas
 turns events into stored events and SSE frames, hands them to the store for group commit, and
 publishes each committed batch to the subscribers *after* it is durable (persist, then publish).
 While a batch is being committed the next events accumulate, so every commit carries all the
-events produced during the previous one, and every subscriber gets one write per commit.
+events produced during the previous one, and every subscriber gets one write per commit. The
+creating request's subscription is *attached* to its connection once its stream has begun
+(:meth:`Subscription.attach`): publishing a batch then writes it to the socket in the commit's own
+callback, so a token wakes no reader task and crosses no ``send`` chain.
 
 ``store=false`` responses have no store: their batches are published at once and never written.
 """
