@@ -52,6 +52,9 @@ here (``connection_made``, ``connection_lost``, ``data_received``, ``pause_writi
 parser callbacks ``on_message_begin``/``on_message_complete``); h11's ``conn.their_state``;
 ``RequestResponseCycle.send`` waiting on ``flow.drain()`` only while ``flow.write_paused``; and
 ``Server.startup`` binding the listening socket and returning without handling a connection.
+:func:`body_writer` also reads the cycle's ``response_started``, ``response_complete``,
+``disconnected`` and (httptools) ``chunked_encoding``, and frames a chunk as ``send`` does
+(httptools: ``<size hex>\r\n<body>\r\n``; h11: ``conn.send(h11.Data(...))``).
 """
 
 from __future__ import annotations
