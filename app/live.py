@@ -112,26 +112,20 @@ class Subscription:
         subscriptions only (a bounded one's reader must be able to fall behind)."""
         assert self._limit is None and self._write is None
         detached: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        queued = self._batches
-        while queued and not queued[0].terminal and queued[0].frames:
-            if not self._write_out(write, queued[0]):
-                break
-            queued.popleft()
-        if queued:
-            detached.set_result(None)
-        else:
-            self._write, self._detached = write, detached
+        self._write, self._detached = write, detached
+        queued, self._batches = self._batches, collections.deque()
+        for batch in queued:  # as if published now: written, or (from the first that is not) queued
+            self.put_nowait(batch)
         return detached
 
     def _write_out(self, write: Callable[[bytes], bool], batch: Batch) -> bool:
-        frames = batch.frames
         try:
-            if not write(frames[0] if len(frames) == 1 else b"".join(frames)):
+            if not write(b"".join(batch.frames)):  # (one frame: joined, it is that same object)
                 return False
         except Exception:  # a transport that fails must not fail the commit that published
             log.exception("writing a live stream's batch failed")
             return False
-        self.written = batch.first_seq + len(frames) - 1
+        self.written = batch.last_seq
         return True
 
     def _detach(self) -> None:

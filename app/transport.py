@@ -355,48 +355,41 @@ class _Guard:
 
     def bounded_send(self, send: Send) -> Send:
         """``send`` for a live stream on this connection (see :func:`bounded_send`)."""
-        limit = self._limits.send_buffer_bytes
         self._live = True
-        self.transport.set_write_buffer_limits(high=limit)
+        self.transport.set_write_buffer_limits(high=self._limits.send_buffer_bytes)
         flow = self.flow
 
         async def send_bounded(message: Any) -> None:
             if flow.write_paused and message.get("more_body", False) and not self.transport.is_closing():
-                log.info("closing a stream whose client has %d bytes unread (send_buffer_bytes=%d)",
-                         self.transport.get_write_buffer_size(), limit)
-                self._connections.stats.cut_send_buffer += 1
-                self._cut()
+                self._cut_send_buffer()
             await send(message)  # after a cut it returns once uvicorn sees the connection lost
 
         return send_bounded
 
+    def _cut_send_buffer(self) -> None:
+        """Close a live stream whose client left more than ``send_buffer_bytes`` unread."""
+        log.info("closing a stream whose client has %d bytes unread (send_buffer_bytes=%d)",
+                 self.transport.get_write_buffer_size(), self._limits.send_buffer_bytes)
+        self._connections.stats.cut_send_buffer += 1
+        self._cut()
+
     def body_writer(self) -> Callable[[bytes], bool] | None:
         """Write one body chunk of the live stream now, without the ASGI ``send`` chain (see
         :func:`body_writer`). Only for a stream that :meth:`bounded_send` marked live."""
-        if not self._live:
-            return None
         cycle = self.cycle
+        if not self._live or cycle is None or not cycle.response_started:
+            return None
         frame = self._body_framer(cycle)
         if frame is None:
             return None
-        limit = self._limits.send_buffer_bytes
         flow, transport = self.flow, self.transport
         self._connections.stats.written_direct += 1
 
         def write(body: bytes) -> bool:
-            if (
-                self.cycle is not cycle
-                or not cycle.response_started
-                or cycle.response_complete
-                or cycle.disconnected
-                or transport.is_closing()
-            ):
+            if self.cycle is not cycle or cycle.response_complete or cycle.disconnected or transport.is_closing():
                 return False
             if flow.write_paused:  # more than send_buffer_bytes unread: what send_bounded does
-                log.info("closing a stream whose client has %d bytes unread (send_buffer_bytes=%d)",
-                         transport.get_write_buffer_size(), limit)
-                self._connections.stats.cut_send_buffer += 1
-                self._cut()
+                self._cut_send_buffer()
                 return False
             transport.write(frame(body))
             return True
