@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import functools
 import json
 import logging
 import time
@@ -297,6 +296,9 @@ class LogWriter:
         self._output = False
         #: When the last batch with output was published (None: none yet).
         self._last_output: float | None = None
+        #: The submission in flight: its batch, and whether it holds output.
+        self._sent: Batch | None = None
+        self._sent_output = False
 
     @property
     def backlog(self) -> int:
@@ -365,10 +367,10 @@ class LogWriter:
         self._inflight = True
         self._idle.clear()
         tokens, self._tokens = self._tokens, []
-        # the store calls back later, from its commit (never from inside this call)
-        self._submit_fn(
-            self._run.id, events, self._next_seq, functools.partial(self._durable, batch, output), tokens
-        )
+        # the store calls back later, from its commit (never from inside this call); one
+        # submission is in flight at a time, so what it carries waits here, not in a partial
+        self._sent, self._sent_output = batch, output
+        self._submit_fn(self._run.id, events, self._next_seq, self._durable, tokens)
         self._next_seq += len(events)
         if self._after:  # everything pushed before them is handed over now
             after, self._after = self._after, []
@@ -386,7 +388,9 @@ class LogWriter:
             timing.first(now - self._run.started)
         self._last_output = now
 
-    def _durable(self, batch: Batch, output: bool, error: BaseException | None) -> None:
+    def _durable(self, error: BaseException | None) -> None:
+        batch, output = self._sent, self._sent_output
+        self._sent = None
         self._progress.set()
         if error is not None:
             self.error = error
@@ -402,6 +406,7 @@ class LogWriter:
             self._inflight = False
             self._idle.set()
             return
+        assert batch is not None  # (a submission in flight has its batch)
         self._run.publish(batch)
         timing = self._timing
         if output and timing is not None:  # as _observe, inlined: once per commit per response

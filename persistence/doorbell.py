@@ -57,7 +57,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from types import TracebackType
 from typing import Any, Protocol
 
@@ -152,6 +152,10 @@ class Doorbell(Protocol):
     """What the store and the service use; ``PgDoorbell`` and ``LocalDoorbell`` keep it."""
 
     def ring(self, channel: str) -> None: ...
+
+    def ring_all(self, channels: Iterable[str]) -> None:
+        """``ring`` each of ``channels`` (a commit's logs: one call a commit, not one a log)."""
+        ...
 
     def listen(self, channel: str) -> Listener: ...
 
@@ -277,6 +281,17 @@ class LocalDoorbell:
             self._scheduled = True
             self._loop.call_soon(self._deliver)
 
+    def ring_all(self, channels: Iterable[str]) -> None:
+        if self._loop is None:
+            return
+        listened, allowed = self._listeners.by_channel, self._rejections.allowed
+        heard = [c for c in channels if allowed(c) and c in listened]
+        if heard:
+            self._pending.update(heard)
+            if not self._scheduled:
+                self._scheduled = True
+                self._loop.call_soon(self._deliver)
+
     def listen(self, channel: str) -> Listener:
         problem = _channel_problem(channel)
         if problem is not None:
@@ -374,6 +389,24 @@ class PgDoorbell:
         self._pending.add(channel)
         self._idle.clear()
         self._has_pending.set()
+
+    def ring_all(self, channels: Iterable[str]) -> None:
+        if not self._started or self._closed:
+            return
+        pending, allowed = self._pending, self._rejections.allowed
+        added = False
+        for channel in channels:
+            if channel in pending:
+                continue
+            if len(pending) >= MAX_PENDING:
+                self.ring(channel)  # (it logs the overflow, once)
+                continue
+            if allowed(channel):
+                pending.add(channel)
+                added = True
+        if added:
+            self._idle.clear()
+            self._has_pending.set()
 
     def listen(self, channel: str) -> Listener:
         problem = _channel_problem(channel)

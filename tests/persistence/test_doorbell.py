@@ -183,6 +183,25 @@ async def test_channel_names_past_63_bytes_are_refused_at_listen_and_dropped_at_
     assert len(caplog.records) == 1, "a refused name is logged once per doorbell"
 
 
+async def test_ring_all_wakes_the_listeners_of_each_channel_once_and_drops_bad_names(
+    doorbell: Doorbell, caplog: pytest.LogCaptureFixture
+) -> None:
+    """What the store rings after a commit: every log it appended to, in one call."""
+    first, second, quiet = _channel(), _channel(), _channel()
+    a, b = await _listening(doorbell, first), await _listening(doorbell, second)
+    other = await _listening(doorbell, quiet)
+
+    with caplog.at_level(logging.ERROR, logger="persistence.doorbell"):
+        doorbell.ring_all([first, _channel(), second, first, "é" * 32])
+
+    assert await a.wait(_SOON)
+    assert await b.wait(_SOON)
+    doorbell.ring(quiet)
+    assert await other.wait(_SOON)  # anything ring_all sent has arrived by now
+    assert not await a.wait(0), "a channel named twice in one call woke its listener twice"
+    assert len(caplog.records) == 1, "the refused name is logged"
+
+
 async def test_listen_before_start_and_ring_around_the_lifetime() -> None:
     local = LocalDoorbell()
     channel = _channel()
@@ -213,6 +232,19 @@ async def test_a_ring_on_one_replica_wakes_a_listener_on_another(start_pg: Start
 
     assert await listener.wait(_SOON)
     assert not await listener.wait(0)
+
+
+@pytest.mark.postgres
+async def test_ring_all_on_one_replica_wakes_listeners_on_another(start_pg: Start) -> None:
+    owner, follower_replica = await start_pg("replica a"), await start_pg("replica b")
+    channels = [_channel() for _ in range(3)]
+    listeners = [await _listening(follower_replica, channel) for channel in channels]
+
+    owner.ring_all(channels)
+
+    for listener in listeners:
+        assert await listener.wait(_SOON)
+        assert not await listener.wait(0)
 
 
 @pytest.mark.postgres

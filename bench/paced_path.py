@@ -1,0 +1,214 @@
+"""The ledger's own per-token work under a paced engine, in one process, without HTTP.
+
+Usage: ``python -m bench.paced_path [--backend sqlite|postgres|both] [--streams 256]
+[--tokens 200] [--step-ms 10] [--reps 3]``.
+
+``--streams`` responses are generated together, one token each per step of ``--step-ms``, as an
+engine's step loop hands them out: each token goes through the Harmony decoder, the response
+builder and the state machine, ``LogWriter.push`` (stored event and SSE frame), the group commit
+into a real store, and the publish that writes the committed frames to the stream's (attached)
+subscription, whose writer here only counts the bytes. What this leaves out, the HTTP request,
+the engine and the socket write, is the same for the naive peer (``bench.naive``), so this is
+the part of a paced token's CPU that is the ledger's alone.
+
+Printed: CPU (user + system, every thread of the process) per token, the commits and events
+per commit, and the lag between a step and the commit that made its tokens durable and wrote
+them (p50 / p99). Medians over ``--reps``. Deterministic enough to compare two trees side by
+side (``git stash``, or two work trees), which the HTTP benchmark's VM noise often is not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import secrets
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from app.encoding import load_encoding
+from app.live import LogWriter, Run
+from app.main import tune_gc
+from app.settings import SERVE_GC_THRESHOLD
+from domain.builder import ResponseBuilder
+from domain.decoder import HarmonyDecoder
+from persistence.records import NewResponse
+from persistence.sql import open_store
+
+_ADMIN_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
+
+
+def _builder(response_id: str, counter: itertools.count[int]) -> ResponseBuilder:
+    skeleton = {
+        "id": response_id,
+        "object": "response",
+        "created_at": 0,
+        "model": "gpt-oss-scripted",
+        "status": "in_progress",
+        "output": [],
+        "tools": [],
+        "tool_choice": "auto",
+        "parallel_tool_calls": True,
+    }
+    return ResponseBuilder(skeleton, new_id=lambda prefix: f"{prefix}_{next(counter):032x}")
+
+
+async def _one_run(url: str, streams: int, tokens: int, step_s: float) -> dict[str, float]:
+    encoding = load_encoding()
+    text = " word" * tokens  # one o200k token a word: one delta a token
+    completion = encoding.encode(
+        f"<|channel|>final<|message|>{text}<|return|>", allowed_special="all"
+    )
+    store = await open_store(url)
+    counter = itertools.count()
+    written = [0]
+    lags: list[float] = []
+    step_started = [0.0]
+
+    def sink(data: bytes) -> bool:
+        written[0] += len(data)
+        return True
+
+    try:
+        runs = []
+        for _ in range(streams):
+            rid = f"resp_{secrets.token_hex(16)}"
+            run = Run(id=rid, store=True, background=False, engine_request_id=rid)
+            await store.create_response(
+                NewResponse(rid, "gpt-oss-scripted", int(time.time()), None, False, {"input": "hi"}, [])
+            )
+            builder = _builder(rid, counter)
+            # the log's first events are written with the response's row in production; here the
+            # row is there already and the writer starts at seq 0 with response.created
+            writer = LogWriter(run, store.submit_then)
+            subscription = run.subscribe()
+            subscription.attach(sink)
+            builder.created()
+            writer.push(builder.take())
+            builder.in_progress()
+            writer.push(builder.take())
+            decoder = HarmonyDecoder(encoding, builder)
+            runs.append((run, builder, writer, decoder))
+        for _, _, writer, _ in runs:
+            await writer.drain()
+
+        def observe(batch: object) -> None:
+            lags.append(time.monotonic() - step_started[0])
+
+        for run, *_ in runs:  # when a step's tokens reach their streams
+            run.subscribers.add(_Observer(observe))  # type: ignore[arg-type]
+        tune_gc(SERVE_GC_THRESHOLD)  # as ``serve`` does once it has started
+        cpu0, wall0 = time.process_time(), time.monotonic()
+        stats0 = store.stats
+        pushed = 0
+        for token in completion:
+            step_started[0] = time.monotonic()
+            for _, builder, writer, decoder in runs:
+                decoder.feed((token,))
+                writer.push(builder.take(), (token,))
+                pushed += 1
+            await asyncio.sleep(step_s)
+        for _, builder, writer, decoder in runs:
+            decoder.finish(truncated=False)
+            writer.push(builder.take())
+        for _, _, writer, _ in runs:
+            await writer.drain()
+        cpu = time.process_time() - cpu0
+        wall = time.monotonic() - wall0
+        stats = store.stats
+        commits = stats.transactions - stats0.transactions
+        events = stats.events - stats0.events
+    finally:
+        await store.close()
+    lags.sort()
+    return {
+        "us_per_token": cpu / pushed * 1e6,
+        "cpu": cpu / wall,
+        "commits": commits,
+        "events_per_commit": events / max(commits, 1),
+        "lag_p50_ms": lags[len(lags) // 2] * 1000,
+        "lag_p99_ms": lags[int(len(lags) * 0.99)] * 1000,
+        "bytes": written[0],
+    }
+
+
+class _Observer:
+    """A subscriber that only notes when a batch with output is published."""
+
+    __slots__ = ("_note",)
+
+    def __init__(self, note: object) -> None:
+        self._note = note
+
+    def put_nowait(self, batch: object) -> None:
+        self._note(batch)  # type: ignore[operator]
+
+
+async def _postgres_url() -> tuple[str, str]:
+    import asyncpg
+
+    name = f"paced_{secrets.token_hex(4)}"
+    admin = await asyncpg.connect(_ADMIN_DSN)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await admin.close()
+    return f"postgresql+asyncpg://postgres@127.0.0.1:5432/{name}", name
+
+
+async def _drop(name: str) -> None:
+    import asyncpg
+
+    admin = await asyncpg.connect(_ADMIN_DSN)
+    try:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await admin.close()
+
+
+async def main() -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.paced_path", description=__doc__.split("\n")[0])
+    parser.add_argument("--backend", choices=["sqlite", "postgres", "both"], default="both")
+    parser.add_argument("--streams", type=int, default=256)
+    parser.add_argument("--tokens", type=int, default=200)
+    parser.add_argument("--step-ms", type=float, default=10.0)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--json", action="store_true", help="print one JSON object per backend")
+    args = parser.parse_args()
+    backends = ["sqlite", "postgres"] if args.backend == "both" else [args.backend]
+    print(f"{args.streams} streams x {args.tokens} tokens, a step every {args.step_ms:g} ms, median of {args.reps}")
+    print("| store | us/token | CPU | commits | events/commit | lag p50 ms | lag p99 ms |")
+    print("|---|--:|--:|--:|--:|--:|--:|")
+    for backend in backends:
+        results = []
+        for _ in range(args.reps):
+            if backend == "sqlite":
+                with tempfile.TemporaryDirectory() as tmp:
+                    url = f"sqlite+aiosqlite:///{Path(tmp) / 'ledger.db'}"
+                    results.append(await _one_run(url, args.streams, args.tokens, args.step_ms / 1000))
+            else:
+                url, name = await _postgres_url()
+                try:
+                    results.append(await _one_run(url, args.streams, args.tokens, args.step_ms / 1000))
+                finally:
+                    await _drop(name)
+        med = {k: statistics.median(r[k] for r in results) for k in results[0]}
+        if args.json:
+            print(json.dumps({"backend": backend, **med, "runs": results}))
+        print(
+            f"| {backend} | {med['us_per_token']:.2f} | {med['cpu']:.2f} | {med['commits']:.0f} | "
+            f"{med['events_per_commit']:.1f} | {med['lag_p50_ms']:.2f} | {med['lag_p99_ms']:.2f} |"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        import uvloop
+    except ImportError:  # the server runs on uvloop where it is installed
+        sys.exit(asyncio.run(main()))
+    sys.exit(uvloop.run(main()))
