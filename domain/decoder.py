@@ -10,9 +10,15 @@ drives a :class:`~domain.builder.ResponseBuilder`:
   after the prefix), or a ``custom_tool_call`` when NAME is a custom tool, whose ``input`` deltas
   are the decoded string (see :mod:`domain.custom_tools`).
 
-Per token the decoder does as little as it can: ordinary content tokens cost one ``process`` call
-and one ``last_content_delta`` read; the parser's state is only inspected at Harmony's structural
-tokens.
+Per token the decoder does as little as it can; the parser's state is only inspected at
+Harmony's structural tokens. Inside a message's content, a token whose bytes are whole UTF-8 text
+is that text: the decoder appends it without calling the parser (whose ``process`` and
+``last_content_delta`` were most of a token's cost), from a table of token texts filled as tokens
+are first seen. The parser still sees every structural token. The first token of a message that
+is not whole text on its own (a character split across tokens, bytes that are not UTF-8) hands
+the rest of that message's content back to the parser, token by token, so how split or invalid
+UTF-8 is decoded stays Harmony's: the parser's UTF-8 buffer is empty at that point, as it would
+have been had it seen every token (every token before was whole text).
 
 Recovery from malformed output (the upstream "non-terminal state" bug): the text a model wrote is
 never dropped and a response never ends ``completed`` with nothing to show for it.
@@ -75,6 +81,11 @@ FIRST_SPECIAL = 199998
 STRUCTURAL = frozenset({START, END, MESSAGE, CHANNEL, CONSTRAIN, RETURN, CALL})
 
 _SPECIAL = re.compile(r"<\|[a-z_]+\|>")
+
+#: Per encoding (by name): token id -> its text when its bytes are whole UTF-8 on their own,
+#: else False. Filled as tokens are first decoded; at most the vocabulary's size.
+_TOKEN_TEXTS: dict[str, dict[int, str | bool]] = {}
+
 _LEADING_WORD = re.compile(r"^\s*[^\s<]+")
 _ROLE = re.compile(r"^\s*(assistant|user|system|developer|tool)\b")
 _RECIPIENT = re.compile(r"(^|\s)to=\S+")
@@ -152,6 +163,10 @@ class HarmonyDecoder:
         self._finished = False
         self.result = DecodeResult()
         self._texts = logprobs
+        #: Inside content, and every content token so far was whole text: the next one that is
+        #: needs no parser (see the module docstring).
+        self._fast = False
+        self._token_texts = _TOKEN_TEXTS.setdefault(encoding.name, {})
         #: Entries of the message tokens fed since the last output_text delta.
         self._lp_pending: list[Json] = []
         if logprobs is not None:
@@ -193,6 +208,18 @@ class HarmonyDecoder:
         if self._stray:
             self._feed_stray(token)
             return
+        if self._fast and token < FIRST_SPECIAL:
+            text = self._token_texts.get(token)
+            if text is None:
+                text = self._token_text(token)
+            if text is not False:
+                assert isinstance(text, str)
+                if "<|" in text:  # as the parser's delta would be (below)
+                    text = _SPECIAL.sub("", text)
+                if text:
+                    self._append(text)
+                return
+            self._fast = False  # the parser decodes the rest of this message
         try:
             self._inner.process(token)
         except HarmonyError:
@@ -220,6 +247,15 @@ class HarmonyDecoder:
             self._header = []
         else:
             self._header.append(token)
+
+    def _token_text(self, token: int) -> str | bool:
+        data: bytes = self._encoding._inner.decode_bytes([token])
+        try:
+            text: str | bool = data.decode("utf-8")
+        except UnicodeDecodeError:
+            text = False
+        self._token_texts[token] = text
+        return text
 
     def _drop_special(self, token: int) -> None:
         result = self.result
@@ -249,6 +285,7 @@ class HarmonyDecoder:
         self._parser = StreamableParser(self._encoding, role)
         self._inner = self._parser._inner
         self._in_content = False
+        self._fast = False
         self._content_kind = None
 
     # -- items -----------------------------------------------------------------------------------
@@ -264,6 +301,7 @@ class HarmonyDecoder:
             recipient = _SPECIAL.sub("", recipient).strip()
         self._header = []
         self._in_content = True
+        self._fast = True
         builder = self._builder
         # "functions." with no name: a forced header the model did not complete; not a call
         if recipient and recipient not in ("assistant", "functions."):
@@ -308,6 +346,7 @@ class HarmonyDecoder:
             self._custom = None
         self._builder.close_item(status)
         self._in_content = False
+        self._fast = False
         self._content_kind = None
         self._lp_pending.clear()  # tokens that made no text (an unfinished character)
 
@@ -342,5 +381,6 @@ class HarmonyDecoder:
             self._recover(self._header, "generation ended inside a header", status)
         self._header = []
         self._in_content = False
+        self._fast = False
         self._content_kind = None
         return self.result

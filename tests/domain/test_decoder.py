@@ -254,3 +254,70 @@ def test_a_nul_character_in_model_output_is_stored_as_a_replacement_character() 
     b.append("a\x00b")
     b.finish("completed", usage=Usage(), completed_at=1)
     assert fold(b.take())["output"][0]["content"][0]["text"] == "a\ufffdb"
+
+
+class _ParserOnly(HarmonyDecoder):
+    """The decoder as it was before content tokens skipped the parser: every token goes to it."""
+
+    def _start_content(self) -> None:
+        super()._start_content()
+        self._fast = False
+
+
+def _events_of(decoder_class: type[HarmonyDecoder], tokens: list[int], truncated: bool) -> list[Event]:
+    b = make_builder()  # (its ids count from the same start each time)
+    b.created()
+    b.in_progress()
+    decoder = decoder_class(ENC, b, custom_tools=("patch",))
+    for token in tokens:
+        decoder.feed([token])
+    decoder.finish(truncated=truncated)
+    return b.take()
+
+
+#: Content tokens that are not whole UTF-8 on their own: halves of characters, lone bytes.
+_SPLIT = [t for t in ENC.encode("🎉 日本語 é ü 🦀 ∑ ok", allowed_special="all")] + [231, 71344, 139786]
+_HEADERS = [
+    ENC.encode(text, allowed_special="all")
+    for text in (
+        "<|channel|>final<|message|>",
+        "<|channel|>analysis<|message|>",
+        "<|channel|>commentary<|message|>",
+        "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>",
+        "<|channel|>commentary to=functions.patch<|message|>",
+        "<|start|>assistant<|channel|>final<|message|>",
+    )
+]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            st.sampled_from(_HEADERS),
+            st.lists(
+                st.one_of(
+                    st.sampled_from([200002, 200003, 200005, 200006, 200007, 200008, 200012]),
+                    st.sampled_from(_SPLIT),
+                    st.integers(min_value=0, max_value=199_997),
+                    st.sampled_from(ENC.encode(' {"city": "Rome"} <|x|> ', allowed_special="all")),
+                ),
+                max_size=12,
+            ),
+        ),
+        max_size=8,
+    ),
+    st.booleans(),
+)
+def test_content_tokens_that_skip_the_parser_make_the_events_the_parser_makes(
+    runs: list[list[int]], truncated: bool
+) -> None:
+    tokens = [token for run in runs for token in run]
+    assert _events_of(HarmonyDecoder, tokens, truncated) == _events_of(_ParserOnly, tokens, truncated)
+
+
+def test_a_character_split_across_tokens_is_decoded_by_the_parser_from_there_on() -> None:
+    text = "ok 🎉 and 日本語 then more"
+    response, events, _ = decode(f"<|channel|>final<|message|>{text}<|return|>")
+    assert _summary(response) == [("message", "final_answer", text, "completed")]
+    assert "".join(e.delta for e in events if isinstance(e, OutputTextDelta)) == text
