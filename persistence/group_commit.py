@@ -76,16 +76,18 @@ class GroupCommit(Generic[P]):
         """Queue ``item``; its future resolves when ``flush`` has dealt with it."""
         if self._closing:
             raise StoreError("the store is closed")
-        loop = asyncio.get_running_loop()
-        if not self._pending:
+        pending = self._pending
+        if not pending:
+            # the first of a batch: the commit task waits for one only while none is pending
+            loop = asyncio.get_running_loop()
             self._first_at = loop.time()
-        self._pending.append(item)
+            self._wake.set()
+            if self._task is None:
+                self._task = loop.create_task(self._run(), name="persistence.group_commit")
+        pending.append(item)
         self._weight += weight
         if self._weight >= self._max_batch:
             self._full.set()
-        self._wake.set()
-        if self._task is None:
-            self._task = loop.create_task(self._run(), name="persistence.group_commit")
 
     async def close(self) -> None:
         """Flush what is queued, then stop; later ``put`` calls raise ``StoreError``."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import struct
 import sys
 from array import array
 from collections.abc import Iterable
@@ -250,8 +251,17 @@ _TOKEN_TYPECODE = "I"
 assert array(_TOKEN_TYPECODE).itemsize == 4, "this platform's C unsigned int is not 32 bits"
 
 
+_PACK_ONE = struct.Struct("<I").pack
+_LISTS = (list, tuple)
+
+
 def pack_token_ids(token_ids: Iterable[int]) -> bytes:
     """Token ids as uint32 little-endian bytes; raises OverflowError outside [0, 2**32)."""
+    if type(token_ids) in _LISTS and len(token_ids) == 1:  # type: ignore[arg-type]
+        try:  # a paced engine's one token a step: a quarter of array()'s cost
+            return _PACK_ONE(token_ids[0])  # type: ignore[index]
+        except struct.error:
+            pass  # array() raises what it raises for it
     packed = array(_TOKEN_TYPECODE, token_ids)
     if sys.byteorder == "big":
         packed.byteswap()
