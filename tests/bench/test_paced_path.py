@@ -1,0 +1,46 @@
+"""``python -m bench.paced_path`` end to end, on tiny parameters (no performance assertion)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from bench.targets import REPO_ROOT
+
+
+@pytest.mark.slow
+def test_paced_path_runs_every_token_through_a_real_store_and_reports_it() -> None:
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.paced_path",
+            "--backend",
+            "sqlite",
+            "--streams",
+            "4",
+            "--tokens",
+            "12",
+            "--step-ms",
+            "1",
+            "--reps",
+            "1",
+            "--json",
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("{")))
+    assert report["backend"] == "sqlite"
+    run = report["runs"][0]
+    # 4 streams x (12 content tokens + the closing <|return|>): each token wrote a frame that a
+    # commit made durable, every commit carried events, and the frames reached the streams
+    assert run["us_per_token"] > 0 and run["commits"] >= 1 and run["events_per_commit"] >= 1
+    assert run["bytes"] > 4 * 12 * len("event: response.output_text.delta\n")
+    assert "| sqlite |" in proc.stdout
