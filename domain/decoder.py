@@ -249,10 +249,10 @@ class HarmonyDecoder:
             self._header.append(token)
 
     def _token_text(self, token: int) -> str | bool:
-        data: bytes = self._encoding._inner.decode_bytes([token])
+        text: str | bool
         try:
-            text: str | bool = data.decode("utf-8")
-        except UnicodeDecodeError:
+            text = bytes(self._encoding._inner.decode_bytes([token])).decode("utf-8")
+        except Exception:  # not whole UTF-8 (or not in the vocabulary): the parser's to decode
             text = False
         self._token_texts[token] = text
         return text
