@@ -7,13 +7,13 @@ Usage: ``python -m bench.paced_path [--backend sqlite|postgres|both] [--streams 
 engine's step loop hands them out: each token goes through the Harmony decoder, the response
 builder and the state machine, ``LogWriter.push`` (stored event and SSE frame), the group commit
 into a real store, and the publish that writes the committed frames to the stream's (attached)
-subscription, whose writer here only counts the bytes. What this leaves out, the HTTP request,
+subscription, whose writer here only counts the bytes (and times them). What this leaves out, the HTTP request,
 the engine and the socket write, is the same for the naive peer (``bench.naive``), so this is
 the part of a paced token's CPU that is the ledger's alone.
 
 Printed: CPU (user + system, every thread of the process) per token, the commits and events
-per commit, and the lag between a step and the commit that made its tokens durable and wrote
-them (p50 / p99). Medians over ``--reps``. Deterministic enough to compare two trees side by
+per commit, and the lag of each written batch: from the step whose token made its first event
+to the write of its frames, after their commit (p50 / p99). Medians over ``--reps``. Deterministic enough to compare two trees side by
 side (``git stash``, or two work trees), which the HTTP benchmark's VM noise often is not.
 """
 
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import itertools
 import json
 import secrets
@@ -28,6 +29,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from app.encoding import load_encoding
@@ -36,10 +38,10 @@ from app.main import tune_gc
 from app.settings import SERVE_GC_THRESHOLD
 from domain.builder import ResponseBuilder
 from domain.decoder import HarmonyDecoder
+from domain.events import Event
 from persistence.records import NewResponse
 from persistence.sql import open_store
-
-_ADMIN_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
+from tests.support.postgres import fresh_database
 
 
 def _builder(response_id: str, counter: itertools.count[int]) -> ResponseBuilder:
@@ -67,11 +69,18 @@ async def _one_run(url: str, streams: int, tokens: int, step_s: float) -> dict[s
     counter = itertools.count()
     written = [0]
     lags: list[float] = []
-    step_started = [0.0]
 
-    def sink(data: bytes) -> bool:
-        written[0] += len(data)
-        return True
+    def sink(started: collections.deque[float]) -> Callable[[bytes], bool]:
+        """A stream's writer: each batch written is the oldest one submitted (one commit in
+        flight a response, batches published in order), whose first events were pushed at the
+        step ``started`` holds for it."""
+
+        def write(data: bytes) -> bool:
+            written[0] += len(data)
+            lags.append(time.monotonic() - started.popleft())
+            return True
+
+        return write
 
     try:
         runs = []
@@ -85,37 +94,42 @@ async def _one_run(url: str, streams: int, tokens: int, step_s: float) -> dict[s
             # the log's first events are written with the response's row in production; here the
             # row is there already and the writer starts at seq 0 with response.created
             writer = LogWriter(run, store.submit_then)
-            subscription = run.subscribe()
-            subscription.attach(sink)
             builder.created()
             writer.push(builder.take())
             builder.in_progress()
             writer.push(builder.take())
-            decoder = HarmonyDecoder(encoding, builder)
-            runs.append((run, builder, writer, decoder))
-        for _, _, writer, _ in runs:
+            runs.append((run, builder, writer, HarmonyDecoder(encoding, builder), collections.deque()))
+        for run, _, writer, _, started in runs:
             await writer.drain()
+            run.subscribe().attach(sink(started))  # (the opening events are out already)
 
-        def observe(batch: object) -> None:
-            lags.append(time.monotonic() - step_started[0])
+        def push(
+            writer: LogWriter,
+            events: list[Event],
+            started: collections.deque[float],
+            at: float,
+            token: int | None = None,
+        ) -> None:
+            if events and not writer.backlog:  # these events begin the next batch
+                started.append(at)
+            writer.push(events, () if token is None else (token,))
 
-        for run, *_ in runs:  # when a step's tokens reach their streams
-            run.subscribers.add(_Observer(observe))  # type: ignore[arg-type]
         tune_gc(SERVE_GC_THRESHOLD)  # as ``serve`` does once it has started
         cpu0, wall0 = time.process_time(), time.monotonic()
         stats0 = store.stats
         pushed = 0
         for token in completion:
-            step_started[0] = time.monotonic()
-            for _, builder, writer, decoder in runs:
+            step = time.monotonic()
+            for _, builder, writer, decoder, started in runs:
                 decoder.feed((token,))
-                writer.push(builder.take(), (token,))
+                push(writer, builder.take(), started, step, token)
                 pushed += 1
             await asyncio.sleep(step_s)
-        for _, builder, writer, decoder in runs:
+        step = time.monotonic()
+        for _, builder, writer, decoder, started in runs:
             decoder.finish(truncated=False)
-            writer.push(builder.take())
-        for _, _, writer, _ in runs:
+            push(writer, builder.take(), started, step)
+        for _, _, writer, _, _ in runs:
             await writer.drain()
         cpu = time.process_time() - cpu0
         wall = time.monotonic() - wall0
@@ -136,38 +150,12 @@ async def _one_run(url: str, streams: int, tokens: int, step_s: float) -> dict[s
     }
 
 
-class _Observer:
-    """A subscriber that only notes when a batch with output is published."""
-
-    __slots__ = ("_note",)
-
-    def __init__(self, note: object) -> None:
-        self._note = note
-
-    def put_nowait(self, batch: object) -> None:
-        self._note(batch)  # type: ignore[operator]
-
-
-async def _postgres_url() -> tuple[str, str]:
-    import asyncpg
-
-    name = f"paced_{secrets.token_hex(4)}"
-    admin = await asyncpg.connect(_ADMIN_DSN)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await admin.close()
-    return f"postgresql+asyncpg://postgres@127.0.0.1:5432/{name}", name
-
-
-async def _drop(name: str) -> None:
-    import asyncpg
-
-    admin = await asyncpg.connect(_ADMIN_DSN)
-    try:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await admin.close()
+async def _run_on(backend: str, streams: int, tokens: int, step_s: float) -> dict[str, float]:
+    if backend == "sqlite":
+        with tempfile.TemporaryDirectory() as tmp:
+            return await _one_run(f"sqlite+aiosqlite:///{Path(tmp) / 'ledger.db'}", streams, tokens, step_s)
+    async with fresh_database("bench_paced") as url:
+        return await _one_run(url, streams, tokens, step_s)
 
 
 async def main() -> int:
@@ -184,18 +172,9 @@ async def main() -> int:
     print("| store | us/token | CPU | commits | events/commit | lag p50 ms | lag p99 ms |")
     print("|---|--:|--:|--:|--:|--:|--:|")
     for backend in backends:
-        results = []
-        for _ in range(args.reps):
-            if backend == "sqlite":
-                with tempfile.TemporaryDirectory() as tmp:
-                    url = f"sqlite+aiosqlite:///{Path(tmp) / 'ledger.db'}"
-                    results.append(await _one_run(url, args.streams, args.tokens, args.step_ms / 1000))
-            else:
-                url, name = await _postgres_url()
-                try:
-                    results.append(await _one_run(url, args.streams, args.tokens, args.step_ms / 1000))
-                finally:
-                    await _drop(name)
+        results = [
+            await _run_on(backend, args.streams, args.tokens, args.step_ms / 1000) for _ in range(args.reps)
+        ]
         med = {k: statistics.median(r[k] for r in results) for k in results[0]}
         if args.json:
             print(json.dumps({"backend": backend, **med, "runs": results}))
