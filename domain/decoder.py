@@ -82,9 +82,9 @@ STRUCTURAL = frozenset({START, END, MESSAGE, CHANNEL, CONSTRAIN, RETURN, CALL})
 
 _SPECIAL = re.compile(r"<\|[a-z_]+\|>")
 
-#: Per encoding (by name): token id -> its text when its bytes are whole UTF-8 on their own,
-#: else False. Filled as tokens are first decoded; at most the vocabulary's size.
-_TOKEN_TEXTS: dict[str, dict[int, str | bool]] = {}
+#: Per encoding (by name): token id -> its text when its bytes are whole UTF-8 on their own, else
+#: "" (no token decodes to nothing). Filled as tokens are first decoded; at most the vocabulary.
+_TOKEN_TEXTS: dict[str, dict[int, str]] = {}
 
 _LEADING_WORD = re.compile(r"^\s*[^\s<]+")
 _ROLE = re.compile(r"^\s*(assistant|user|system|developer|tool)\b")
@@ -212,8 +212,7 @@ class HarmonyDecoder:
             text = self._token_texts.get(token)
             if text is None:
                 text = self._token_text(token)
-            if text is not False:
-                assert isinstance(text, str)
+            if text:
                 if "<|" in text:  # as the parser's delta would be (below)
                     text = _SPECIAL.sub("", text)
                 if text:
@@ -248,12 +247,11 @@ class HarmonyDecoder:
         else:
             self._header.append(token)
 
-    def _token_text(self, token: int) -> str | bool:
-        text: str | bool
+    def _token_text(self, token: int) -> str:
         try:
-            text = bytes(self._encoding._inner.decode_bytes([token])).decode("utf-8")
+            text: str = self._encoding._inner.decode_bytes([token]).decode("utf-8")
         except Exception:  # not whole UTF-8 (or not in the vocabulary): the parser's to decode
-            text = False
+            text = ""
         self._token_texts[token] = text
         return text
 
