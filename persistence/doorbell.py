@@ -272,19 +272,13 @@ class LocalDoorbell:
         self._pending.clear()
 
     def ring(self, channel: str) -> None:
-        if self._loop is None or not self._rejections.allowed(channel):
-            return
-        if channel not in self._listeners.by_channel:
-            return  # nobody in this process listens, so nobody anywhere does
-        self._pending.add(channel)
-        if not self._scheduled:
-            self._scheduled = True
-            self._loop.call_soon(self._deliver)
+        self.ring_all((channel,))
 
     def ring_all(self, channels: Iterable[str]) -> None:
         if self._loop is None:
             return
         listened, allowed = self._listeners.by_channel, self._rejections.allowed
+        # nobody in this process listens to the others, so nobody anywhere does
         heard = [c for c in channels if allowed(c) and c in listened]
         if heard:
             self._pending.update(heard)
@@ -375,20 +369,7 @@ class PgDoorbell:
         self._connected = False
 
     def ring(self, channel: str) -> None:
-        if not self._started or self._closed or not self._rejections.allowed(channel):
-            return
-        if channel not in self._pending and len(self._pending) >= MAX_PENDING:
-            if not self._overflow_logged:
-                self._overflow_logged = True
-                _log.warning(
-                    "doorbell: %d channels waiting to be sent; dropping new rings until the "
-                    "database takes them (followers poll meanwhile)",
-                    MAX_PENDING,
-                )
-            return
-        self._pending.add(channel)
-        self._idle.clear()
-        self._has_pending.set()
+        self.ring_all((channel,))
 
     def ring_all(self, channels: Iterable[str]) -> None:
         if not self._started or self._closed:
@@ -396,14 +377,19 @@ class PgDoorbell:
         pending, allowed = self._pending, self._rejections.allowed
         added = False
         for channel in channels:
-            if channel in pending:
+            if channel in pending or not allowed(channel):
                 continue
             if len(pending) >= MAX_PENDING:
-                self.ring(channel)  # (it logs the overflow, once)
+                if not self._overflow_logged:
+                    self._overflow_logged = True
+                    _log.warning(
+                        "doorbell: %d channels waiting to be sent; dropping new rings until the "
+                        "database takes them (followers poll meanwhile)",
+                        MAX_PENDING,
+                    )
                 continue
-            if allowed(channel):
-                pending.add(channel)
-                added = True
+            pending.add(channel)
+            added = True
         if added:
             self._idle.clear()
             self._has_pending.set()
