@@ -19,6 +19,10 @@ def test_token_ids_are_uint32_little_endian() -> None:
     assert pack_token_ids([]) == b""
     with pytest.raises(OverflowError):
         pack_token_ids([-1])
+    # one token (a paced engine's step) takes its own path: the same bytes, the same refusal
+    assert pack_token_ids((7,)) == pack_token_ids([7, 8])[:4] == bytes.fromhex("07000000")
+    with pytest.raises(OverflowError):
+        pack_token_ids([2**32])
 
 
 def test_dump_json_is_compact_and_keeps_unicode() -> None:
