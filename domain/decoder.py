@@ -55,12 +55,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from openai_harmony import HarmonyEncoding, HarmonyError, Role, StreamableParser
+from openai_harmony import HarmonyEncoding, HarmonyError
 
 from domain.builder import ItemStatus, ResponseBuilder
 from domain.custom_tools import CustomInputStream
 from domain.events import Json
 from domain.logprobs import TokenLogprob, TokenTexts
+from domain.parsers import Parser, ParserPool, pool_for
 
 __all__ = ["DecodeResult", "HarmonyDecoder", "strip_harmony_markup"]
 
@@ -89,6 +90,30 @@ _TOKEN_TEXTS: dict[str, dict[int, str]] = {}
 _LEADING_WORD = re.compile(r"^\s*[^\s<]+")
 _ROLE = re.compile(r"^\s*(assistant|user|system|developer|tool)\b")
 _RECIPIENT = re.compile(r"(^|\s)to=\S+")
+
+
+class _FirstToken:
+    """The parser of a decoder that has given it no token yet: the first one picks it
+    (:meth:`ParserPool.assistant`) and goes to it."""
+
+    __slots__ = ("_decoder",)
+
+    def __init__(self, decoder: HarmonyDecoder) -> None:
+        self._decoder = decoder
+
+    def process(self, token: int) -> None:
+        decoder = self._decoder
+        parser = decoder._parser = decoder._parsers.assistant(token)
+        decoder._inner = parser.inner
+        parser.inner.process(token)
+
+
+class _Finished:
+    """Where a finished decoder's parser was: it went back to the pool (another decode may be
+    using it), so any use of it here is a bug, and fails."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise RuntimeError("this decode is finished: its parser went back to the pool")
 
 
 def strip_harmony_markup(text: str) -> str:
@@ -144,17 +169,25 @@ class HarmonyDecoder:
         prefill: Sequence[int] = (),
         function_names: Mapping[str, tuple[str, str | None]] | None = None,
         logprobs: TokenTexts | None = None,
+        parsers: ParserPool | None = None,
     ) -> None:
         """``custom_tools``: the model-visible names of custom tools; ``function_names``: model-
         visible name -> (declared name, namespace) for functions declared inside a namespace;
         ``prefill``: header tokens the prompt already ended with (a forced tool choice);
-        ``logprobs``: given when the tokens come with log probabilities (:meth:`feed_logprobs`)."""
+        ``logprobs``: given when the tokens come with log probabilities (:meth:`feed_logprobs`).
+        ``parsers``: where the Harmony parser comes from and goes back to once the decode is
+        finished (:mod:`domain.parsers`; the encoding's shared pool unless given)."""
         self._encoding = encoding
         self._builder = builder
         self._custom_tools = frozenset(custom_tools)
         self._function_names = dict(function_names or {})
-        self._parser = StreamableParser(encoding, Role.ASSISTANT)
-        self._inner: Any = self._parser._inner  # the Rust object: skips a Python wrapper per token
+        self._parsers = parsers if parsers is not None else pool_for(encoding)
+        #: The parser (None until the first token that needs one: :mod:`domain.parsers`) and its
+        #: Rust object, which the decoder calls directly (no Python wrapper per token).
+        self._parser: Parser | None = None
+        self._inner: Any = _FirstToken(self)
+        #: The prefill's tokens: with the output tokens, what this decode's parsers read at most.
+        self._fed = len(prefill)
         self._in_content = False
         self._content_kind: str | None = None
         self._custom: CustomInputStream | None = None
@@ -241,7 +274,7 @@ class HarmonyDecoder:
             # will not come. Recover what the header holds.
             self._recover(self._header, "message ended inside a header")
             self._header = []
-            self._reset_parser(expect_start=True)
+            self._reset_parser()
         elif token == START:
             self._header = []
         else:
@@ -268,7 +301,7 @@ class HarmonyDecoder:
         self._header = []
         if self._in_content:
             self._close(status="completed")
-        self._reset_parser(expect_start=True)
+        self._reset_parser()
 
     def _feed_stray(self, token: int) -> None:
         if token != START:
@@ -278,10 +311,10 @@ class HarmonyDecoder:
         self._recover(stray, "tokens outside any message")
         self._inner.process(token)  # a fresh parser always accepts <|start|>
 
-    def _reset_parser(self, *, expect_start: bool) -> None:
-        role = None if expect_start else Role.ASSISTANT
-        self._parser = StreamableParser(self._encoding, role)
-        self._inner = self._parser._inner
+    def _reset_parser(self) -> None:
+        """A parser waiting for ``<|start|>``; the one in use is dropped (it is in error)."""
+        self._parser = self._parsers.expecting_start()
+        self._inner = self._parser.inner
         self._in_content = False
         self._fast = False
         self._content_kind = None
@@ -381,4 +414,10 @@ class HarmonyDecoder:
         self._in_content = False
         self._fast = False
         self._content_kind = None
+        parser = self._parser
+        if parser is not None:
+            parser.read += self._fed + self.result.output_tokens
+            self._parsers.give_back(parser)  # (the pool keeps it only if it waits for <|start|>)
+        self._parser = None
+        self._inner = _Finished()
         return self.result

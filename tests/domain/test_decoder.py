@@ -10,9 +10,10 @@ from hypothesis import strategies as st
 
 from app.encoding import load_encoding
 from domain.builder import ResponseBuilder, Usage
-from domain.decoder import HarmonyDecoder, strip_harmony_markup
+from domain.decoder import CALL, END, RETURN, HarmonyDecoder, strip_harmony_markup
 from domain.events import Event, OutputTextDelta
 from domain.machine import check_log
+from domain.parsers import ParserPool
 from domain.projections import fold
 from tests.domain.factories import make_builder
 
@@ -264,11 +265,13 @@ class _ParserOnly(HarmonyDecoder):
         self._fast = False
 
 
-def _events_of(decoder_class: type[HarmonyDecoder], tokens: list[int], truncated: bool) -> list[Event]:
+def _events_of(
+    decoder_class: type[HarmonyDecoder], tokens: list[int], truncated: bool, parsers: ParserPool | None = None
+) -> list[Event]:
     b = make_builder()  # (its ids count from the same start each time)
     b.created()
     b.in_progress()
-    decoder = decoder_class(ENC, b, custom_tools=("patch",))
+    decoder = decoder_class(ENC, b, custom_tools=("patch",), parsers=parsers)
     for token in tokens:
         decoder.feed([token])
     decoder.finish(truncated=truncated)
@@ -290,30 +293,82 @@ _HEADERS = [
 ]
 
 
-@settings(max_examples=300, deadline=None)
-@given(
-    st.lists(
-        st.one_of(
-            st.sampled_from(_HEADERS),
-            st.lists(
-                st.one_of(
-                    st.sampled_from([200002, 200003, 200005, 200006, 200007, 200008, 200012]),
-                    st.sampled_from(_SPLIT),
-                    st.integers(min_value=0, max_value=199_997),
-                    st.sampled_from(ENC.encode(' {"city": "Rome"} <|x|> ', allowed_special="all")),
-                ),
-                max_size=12,
+#: Random completions: headers, structural tokens, split characters, ordinary tokens, in runs.
+_RUNS = st.lists(
+    st.one_of(
+        st.sampled_from(_HEADERS),
+        st.lists(
+            st.one_of(
+                st.sampled_from([200002, 200003, 200005, 200006, 200007, 200008, 200012]),
+                st.sampled_from(_SPLIT),
+                st.integers(min_value=0, max_value=199_997),
+                st.sampled_from(ENC.encode(' {"city": "Rome"} <|x|> ', allowed_special="all")),
             ),
+            max_size=12,
         ),
-        max_size=8,
     ),
-    st.booleans(),
+    max_size=8,
 )
+
+
+@settings(max_examples=300, deadline=None)
+@given(_RUNS, st.booleans())
 def test_content_tokens_that_skip_the_parser_make_the_events_the_parser_makes(
     runs: list[list[int]], truncated: bool
 ) -> None:
     tokens = [token for run in runs for token in run]
     assert _events_of(HarmonyDecoder, tokens, truncated) == _events_of(_ParserOnly, tokens, truncated)
+
+
+#: A completion read to its end: its parser goes back to the pool.
+_WHOLE = st.builds(
+    lambda header, words, end: [*header, *words, end],
+    st.sampled_from(_HEADERS),
+    st.lists(st.one_of(st.integers(min_value=0, max_value=199_997), st.sampled_from(_SPLIT)), max_size=12),
+    st.sampled_from([END, RETURN, CALL]),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_WHOLE, min_size=1, max_size=3), _RUNS, st.booleans())
+def test_a_parser_from_the_pool_makes_the_events_a_new_one_makes(
+    before: list[list[int]], runs: list[list[int]], truncated: bool
+) -> None:
+    pool = ParserPool(ENC)
+    for completion in before:  # each decode takes the parser the one before gave back
+        _events_of(HarmonyDecoder, completion, False, pool)
+    assert len(pool) >= 1  # (one that began with <|start|> made its own parser)
+    tokens = [token for run in runs for token in run]
+    reused = _events_of(HarmonyDecoder, tokens, truncated, pool)
+    assert reused == _events_of(HarmonyDecoder, tokens, truncated, ParserPool(ENC, size=0))
+
+
+def test_the_pool_keeps_a_parser_only_if_it_waits_for_start_and_has_read_less_than_its_cap() -> None:
+    pool = ParserPool(ENC, token_cap=20)
+    clean = ENC.encode("<|channel|>final<|message|>Hello there<|return|>", allowed_special="all")
+    _events_of(HarmonyDecoder, clean, False, pool)
+    assert len(pool) == 1
+    cut = ENC.encode("<|channel|>final<|message|>Hello", allowed_special="all")
+    _events_of(HarmonyDecoder, cut, True, pool)  # took the pooled one, ended inside a message
+    assert len(pool) == 0
+    for _ in range(3):  # 6 tokens, then 2 + 6 a reuse: the third decode's parser has read 22
+        _events_of(HarmonyDecoder, clean, False, pool)
+    assert len(pool) == 0
+    stray_first = ENC.encode("Hi<|channel|>final<|message|>x<|return|>", allowed_special="all")
+    _events_of(HarmonyDecoder, stray_first, False, pool)  # not <|channel|> first: a new parser
+    assert len(pool) == 1
+
+
+def test_a_finished_decoder_does_not_touch_the_parser_it_gave_back() -> None:
+    pool = ParserPool(ENC)
+    b = make_builder()
+    b.created()
+    decoder = HarmonyDecoder(ENC, b, parsers=pool)
+    decoder.feed(ENC.encode("<|channel|>final<|message|>Hi<|return|>", allowed_special="all"))
+    decoder.finish(truncated=False)
+    assert len(pool) == 1
+    with pytest.raises(RuntimeError, match="finished"):
+        decoder.feed([200005])
 
 
 def test_a_character_split_across_tokens_is_decoded_by_the_parser_from_there_on() -> None:

@@ -1,0 +1,102 @@
+"""Harmony streaming parsers, kept for the next decode instead of made anew.
+
+Making an ``openai_harmony.StreamableParser`` costs ~190 µs (openai-harmony copies the
+encoding's tables into each one), once per response: with 64 streams that start together, 12 ms
+of one core before any of them has its first token. A parser that has read a whole completion
+cleanly waits for ``<|start|>``, as a new one made to expect it does. Fed ``<|start|>assistant``,
+it reads an assistant message's header, as a new one made for the assistant role does, but the
+two are not the same for every header: the role of the first is parsed from the header's text,
+so a model that begins with ``!<|channel|>...`` gives a tool named ``assistant!`` to one and an
+assistant message to the other. They are the same when the completion begins with
+``<|channel|>`` (what the prompt's ``<|start|>assistant`` asks for, and every forced tool
+choice's prefill begins with): the role's word then ends at a special token. So a decoder takes
+its parser at the first token it gives one: a pooled one for ``<|channel|>``, a new one for
+anything else.
+
+A parser keeps every token and message it has read (openai-harmony has no way to drop them), so
+one is reused only until it has read ``TOKEN_CAP`` tokens, and at most ``POOL_SIZE`` wait here per
+encoding: what the pool holds stays under a few MiB whatever the traffic. A test decodes random
+token sequences with fresh and with reused parsers and asserts the same events
+(``tests/domain/test_decoder.py``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from openai_harmony import HarmonyEncoding, Role, StreamableParser
+
+__all__ = ["POOL_SIZE", "TOKEN_CAP", "Parser", "ParserPool", "pool_for"]
+
+#: At most this many parsers wait per encoding (enough for a burst of that many new streams).
+POOL_SIZE = 256
+#: A parser that has read this many tokens is not reused (what it keeps grows with them).
+TOKEN_CAP = 4096
+_EXPECT_START = '{"state":"ExpectStart"}'
+
+
+class Parser:
+    """A parser (its Rust object, which the decoder calls directly) and how many tokens it has
+    read, counted by its user."""
+
+    __slots__ = ("inner", "read")
+
+    def __init__(self, inner: Any, read: int = 0) -> None:
+        self.inner = inner
+        self.read = read
+
+
+class ParserPool:
+    """The parsers of one encoding waiting for a decode."""
+
+    def __init__(self, encoding: HarmonyEncoding, *, size: int = POOL_SIZE, token_cap: int = TOKEN_CAP) -> None:
+        self._encoding = encoding
+        self._size = size
+        self._cap = token_cap
+        self._idle: list[Parser] = []
+        #: ``<|start|>assistant``: what a waiting parser reads to be a new assistant parser.
+        self._assistant = tuple(encoding.encode("<|start|>assistant", allowed_special={"<|start|>"}))
+        (self._channel,) = encoding.encode("<|channel|>", allowed_special={"<|channel|>"})
+
+    def __len__(self) -> int:
+        return len(self._idle)
+
+    def assistant(self, first: int) -> Parser:
+        """A parser for a completion whose first token is ``first`` (not yet given to it): one
+        from the pool if ``first`` is ``<|channel|>`` (see the module docstring), else a new one."""
+        if first == self._channel:
+            try:
+                parser = self._idle.pop()
+            except IndexError:  # (a decoder may be made in a worker thread: no test-then-pop)
+                pass
+            else:
+                for token in self._assistant:
+                    parser.inner.process(token)
+                parser.read += len(self._assistant)
+                return parser
+        return Parser(StreamableParser(self._encoding, Role.ASSISTANT)._inner)
+
+    def expecting_start(self) -> Parser:
+        """A parser waiting for ``<|start|>`` (after malformed output)."""
+        try:
+            return self._idle.pop()
+        except IndexError:
+            return Parser(StreamableParser(self._encoding, None)._inner)
+
+    def give_back(self, parser: Parser) -> None:
+        """Keep ``parser`` for another decode if it waits for ``<|start|>`` (a completion read
+        to its end), has read less than the cap, and the pool has room; else let it go."""
+        if len(self._idle) < self._size and parser.read < self._cap and parser.inner.state == _EXPECT_START:
+            self._idle.append(parser)
+
+
+_POOLS: dict[str, ParserPool] = {}
+
+
+def pool_for(encoding: HarmonyEncoding) -> ParserPool:
+    """The shared pool of ``encoding`` (by name: one encoding object or another of the same
+    name have the same tables)."""
+    pool = _POOLS.get(encoding.name)
+    if pool is None:
+        pool = _POOLS[encoding.name] = ParserPool(encoding)
+    return pool
