@@ -61,6 +61,7 @@ from domain.builder import ItemStatus, ResponseBuilder
 from domain.custom_tools import CustomInputStream
 from domain.events import Json
 from domain.logprobs import TokenLogprob, TokenTexts
+from domain.parsers import KNOWN_SIZE as _KNOWN_SIZE
 from domain.parsers import Parser, ParserPool, pool_for
 
 __all__ = ["DecodeResult", "HarmonyDecoder", "strip_harmony_markup"]
@@ -92,20 +93,73 @@ _ROLE = re.compile(r"^\s*(assistant|user|system|developer|tool)\b")
 _RECIPIENT = re.compile(r"(^|\s)to=\S+")
 
 
-class _FirstToken:
-    """The parser of a decoder that has given it no token yet: the first one picks it
-    (:meth:`ParserPool.assistant`) and goes to it."""
+#: Where a :class:`_Deferred` parser starts from: a new assistant parser (a completion's start),
+#: or one waiting for ``<|start|>`` (after a message, or malformed output). Never token ids.
+_AS_ASSISTANT, _EXPECTING_START = -1, -2
+#: Header prefixes longer than this are not remembered (a model writing a runaway header).
+_MAX_KNOWN_HEADER = 64
 
-    __slots__ = ("_decoder",)
 
-    def __init__(self, decoder: HarmonyDecoder) -> None:
+class _Deferred:
+    """The decoder's parser while it needs none: what a parser would have read since its
+    starting state, not yet given to one. A header that a parser has read before from the same
+    state (``ParserPool.known``: every prefix, and the channel and recipient at its
+    ``<|message|>``) is read from there; a message read to its end brings it back to waiting for
+    ``<|start|>``. Anything else (a header never seen, a token in content that is not whole
+    text) makes the parser, gives it what was deferred, and from then on the decoder calls the
+    parser itself; a header read that way is remembered up to its ``<|message|>``. Harmony
+    spends ~40 µs on each header token and ~190 µs making a parser, so a response whose
+    headers are known and whose text is whole UTF-8 costs neither."""
+
+    __slots__ = ("_base", "_decoder", "_real", "_seen", "current_channel", "current_recipient")
+
+    def __init__(self, decoder: HarmonyDecoder, base: int) -> None:
         self._decoder = decoder
+        self._base = base
+        self._seen: list[int] = []
+        self._real: Any = None
+        self.current_channel: str | None = None
+        self.current_recipient: str | None = None
 
     def process(self, token: int) -> None:
-        decoder = self._decoder
-        parser = decoder._parser = decoder._parsers.assistant(token)
-        decoder._inner = parser.inner
-        parser.inner.process(token)
+        seen = self._seen
+        real = self._real
+        if real is None:
+            known = self._decoder._parsers.known
+            header = known.get((self._base, *seen, token), ...)  # (one look-up: another thread may clear it)
+            if header is not ...:
+                seen.append(token)
+                if header is not None:
+                    self.current_channel, self.current_recipient = header
+                return
+            if token in _MESSAGE_ENDS and seen and seen[-1] == MESSAGE:
+                # the end of a message whose content was all whole text: a parser would now
+                # wait for <|start|>
+                self._base = _EXPECTING_START
+                seen.clear()
+                return
+            real = self._real = self._decoder._materialize(self._base, seen, token)
+            if seen and seen[-1] == MESSAGE:  # in content: the parser takes it from here
+                self._decoder._inner = real
+                real.process(token)
+                return
+        real.process(token)  # (a HarmonyError here: the decoder drops this parser)
+        seen.append(token)
+        if len(seen) <= _MAX_KNOWN_HEADER:
+            known = self._decoder._parsers.known
+            if len(known) >= _KNOWN_SIZE:
+                known.clear()
+            known[(self._base, *seen)] = (
+                (real.current_channel, real.current_recipient) if token == MESSAGE else None
+            )
+        if token == MESSAGE or len(seen) > _MAX_KNOWN_HEADER:
+            self._decoder._inner = real
+
+    def __getattr__(self, name: str) -> Any:  # (last_content_delta, state: only a parser has them)
+        real = self._real
+        if real is None:
+            raise AttributeError(name)
+        return getattr(real, name)
 
 
 class _Finished:
@@ -182,10 +236,10 @@ class HarmonyDecoder:
         self._custom_tools = frozenset(custom_tools)
         self._function_names = dict(function_names or {})
         self._parsers = parsers if parsers is not None else pool_for(encoding)
-        #: The parser (None until the first token that needs one: :mod:`domain.parsers`) and its
-        #: Rust object, which the decoder calls directly (no Python wrapper per token).
+        #: The parser (None until a token needs one: :class:`_Deferred`, :mod:`domain.parsers`)
+        #: and its Rust object, which the decoder calls directly (no Python wrapper per token).
         self._parser: Parser | None = None
-        self._inner: Any = _FirstToken(self)
+        self._inner: Any = self._deferred(_AS_ASSISTANT)
         #: The prefill's tokens: with the output tokens, what this decode's parsers read at most.
         self._fed = len(prefill)
         self._in_content = False
@@ -260,6 +314,8 @@ class HarmonyDecoder:
         if self._in_content:
             if token in _MESSAGE_ENDS:
                 self._close("completed")
+                if self._parser is not None:  # the parser waits for <|start|>: not needed until
+                    self._give_back()  # a header it has not read comes
             elif token < FIRST_SPECIAL:  # special tokens inside content are markup, not text
                 delta = self._inner.last_content_delta
                 if delta:
@@ -313,11 +369,36 @@ class HarmonyDecoder:
 
     def _reset_parser(self) -> None:
         """A parser waiting for ``<|start|>``; the one in use is dropped (it is in error)."""
-        self._parser = self._parsers.expecting_start()
-        self._inner = self._parser.inner
+        self._parser = None
+        self._inner = self._deferred(_EXPECTING_START)
         self._in_content = False
         self._fast = False
         self._content_kind = None
+
+    def _deferred(self, base: int) -> Any:
+        """The parser until a token needs one (``base``: the state it starts from)."""
+        return _Deferred(self, base)
+
+    def _materialize(self, base: int, seen: Sequence[int], token: int) -> Any:
+        """The parser a :class:`_Deferred` one stands for: from the pool, given ``seen``
+        (tokens it has read before, so it takes them again); ``token`` comes next."""
+        pool = self._parsers
+        parser = pool.assistant(seen[0] if seen else token) if base == _AS_ASSISTANT else pool.expecting_start()
+        self._parser = parser
+        inner = parser.inner
+        for known in seen:
+            inner.process(known)
+        return inner
+
+    def _give_back(self) -> None:
+        """The parser goes back to the pool if it waits for ``<|start|>`` (then so does a
+        deferred one here); else it is dropped."""
+        parser = self._parser
+        assert parser is not None
+        self._parser = None
+        parser.read += self._fed + self.result.output_tokens  # (at most: the cap's count)
+        waiting = self._parsers.give_back(parser)
+        self._inner = self._deferred(_EXPECTING_START) if waiting else _Finished()
 
     # -- items -----------------------------------------------------------------------------------
 
@@ -414,10 +495,7 @@ class HarmonyDecoder:
         self._in_content = False
         self._fast = False
         self._content_kind = None
-        parser = self._parser
-        if parser is not None:
-            parser.read += self._fed + self.result.output_tokens
-            self._parsers.give_back(parser)  # (the pool keeps it only if it waits for <|start|>)
-        self._parser = None
+        if self._parser is not None:
+            self._give_back()
         self._inner = _Finished()
         return self.result

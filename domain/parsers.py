@@ -26,12 +26,14 @@ from typing import Any
 
 from openai_harmony import HarmonyEncoding, Role, StreamableParser
 
-__all__ = ["POOL_SIZE", "TOKEN_CAP", "Parser", "ParserPool", "pool_for"]
+__all__ = ["KNOWN_SIZE", "POOL_SIZE", "TOKEN_CAP", "Parser", "ParserPool", "pool_for"]
 
 #: At most this many parsers wait per encoding (enough for a burst of that many new streams).
 POOL_SIZE = 256
 #: A parser that has read this many tokens is not reused (what it keeps grows with them).
 TOKEN_CAP = 4096
+#: At most this many header prefixes are remembered per encoding (then they are forgotten at once).
+KNOWN_SIZE = 8192
 _EXPECT_START = '{"state":"ExpectStart"}'
 
 
@@ -54,6 +56,12 @@ class ParserPool:
         self._size = size
         self._cap = token_cap
         self._idle: list[Parser] = []
+        #: How many parsers were made (not taken from the pool).
+        self.made = 0
+        #: Header prefixes a parser has read, from a starting state (see ``domain.decoder``'s
+        #: ``_Deferred``): ``(state, *tokens)`` -> None, or at ``<|message|>`` the channel and
+        #: recipient the parser read.
+        self.known: dict[tuple[int, ...], tuple[str | None, str | None] | None] = {}
         #: ``<|start|>assistant``: what a waiting parser reads to be a new assistant parser.
         self._assistant = tuple(encoding.encode("<|start|>assistant", allowed_special={"<|start|>"}))
         (self._channel,) = encoding.encode("<|channel|>", allowed_special={"<|channel|>"})
@@ -74,6 +82,7 @@ class ParserPool:
                     parser.inner.process(token)
                 parser.read += len(self._assistant)
                 return parser
+        self.made += 1
         return Parser(StreamableParser(self._encoding, Role.ASSISTANT)._inner)
 
     def expecting_start(self) -> Parser:
@@ -81,13 +90,18 @@ class ParserPool:
         try:
             return self._idle.pop()
         except IndexError:
+            self.made += 1
             return Parser(StreamableParser(self._encoding, None)._inner)
 
-    def give_back(self, parser: Parser) -> None:
-        """Keep ``parser`` for another decode if it waits for ``<|start|>`` (a completion read
-        to its end), has read less than the cap, and the pool has room; else let it go."""
-        if len(self._idle) < self._size and parser.read < self._cap and parser.inner.state == _EXPECT_START:
+    def give_back(self, parser: Parser) -> bool:
+        """Keep ``parser`` for another decode if it waits for ``<|start|>`` (a message read to
+        its end), has read less than the cap, and the pool has room; else let it go. Whether it
+        was waiting for ``<|start|>``."""
+        if parser.inner.state != _EXPECT_START:
+            return False
+        if len(self._idle) < self._size and parser.read < self._cap:
             self._idle.append(parser)
+        return True
 
 
 _POOLS: dict[str, ParserPool] = {}

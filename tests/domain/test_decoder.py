@@ -7,10 +7,11 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from openai_harmony import Role, StreamableParser
 
 from app.encoding import load_encoding
 from domain.builder import ResponseBuilder, Usage
-from domain.decoder import CALL, END, RETURN, HarmonyDecoder, strip_harmony_markup
+from domain.decoder import _AS_ASSISTANT, CALL, END, RETURN, HarmonyDecoder, strip_harmony_markup
 from domain.events import Event, OutputTextDelta
 from domain.machine import check_log
 from domain.parsers import ParserPool
@@ -258,7 +259,12 @@ def test_a_nul_character_in_model_output_is_stored_as_a_replacement_character() 
 
 
 class _ParserOnly(HarmonyDecoder):
-    """The decoder as it was before content tokens skipped the parser: every token goes to it."""
+    """The decoder as it was before it put off making its parser and content tokens skipped it:
+    a new parser for each decode and after malformed output, and every token goes to it."""
+
+    def _deferred(self, base: int) -> Any:
+        role = Role.ASSISTANT if base == _AS_ASSISTANT else None
+        return StreamableParser(self._encoding, role)._inner
 
     def _start_content(self) -> None:
         super()._start_content()
@@ -341,21 +347,48 @@ def test_a_parser_from_the_pool_makes_the_events_a_new_one_makes(
     tokens = [token for run in runs for token in run]
     reused = _events_of(HarmonyDecoder, tokens, truncated, pool)
     assert reused == _events_of(HarmonyDecoder, tokens, truncated, ParserPool(ENC, size=0))
+    assert reused == _events_of(_ParserOnly, tokens, truncated)
 
 
-def test_the_pool_keeps_a_parser_only_if_it_waits_for_start_and_has_read_less_than_its_cap() -> None:
-    pool = ParserPool(ENC, token_cap=20)
-    clean = ENC.encode("<|channel|>final<|message|>Hello there<|return|>", allowed_special="all")
-    _events_of(HarmonyDecoder, clean, False, pool)
-    assert len(pool) == 1
-    cut = ENC.encode("<|channel|>final<|message|>Hello", allowed_special="all")
-    _events_of(HarmonyDecoder, cut, True, pool)  # took the pooled one, ended inside a message
-    assert len(pool) == 0
-    for _ in range(3):  # 6 tokens, then 2 + 6 a reuse: the third decode's parser has read 22
-        _events_of(HarmonyDecoder, clean, False, pool)
-    assert len(pool) == 0
-    stray_first = ENC.encode("Hi<|channel|>final<|message|>x<|return|>", allowed_special="all")
-    _events_of(HarmonyDecoder, stray_first, False, pool)  # not <|channel|> first: a new parser
+def test_a_response_whose_headers_are_known_and_whose_text_is_whole_makes_no_parser() -> None:
+    pool = ParserPool(ENC)
+    answer = "<|channel|>analysis<|message|>Think.<|end|><|start|>assistant<|channel|>final<|message|>Hi!<|return|>"
+    tokens = ENC.encode(answer, allowed_special="all")
+    first = _events_of(HarmonyDecoder, tokens, False, pool)
+    assert pool.made == 1 and len(pool) == 1  # the headers were new: read by a parser, which went back
+    for _ in range(3):
+        assert _events_of(HarmonyDecoder, tokens, False, pool) == first
+    assert pool.made == 1 and len(pool) == 1  # known: no parser taken, none made
+    split = ENC.encode("<|channel|>final<|message|>🎉<|return|>", allowed_special="all")
+    _events_of(HarmonyDecoder, split, False, pool)  # a split character needs the parser: the pooled one
+    assert pool.made == 1 and len(pool) == 1
+
+
+def test_the_pool_keeps_a_parser_only_if_it_waits_for_start_has_read_less_than_its_cap_and_has_room() -> None:
+    channel = ENC.encode("<|channel|>", allowed_special="all")[0]
+    pool = ParserPool(ENC, size=1, token_cap=10)
+    parser = pool.assistant(channel)
+    assert pool.made == 1
+    for token in ENC.encode("<|channel|>final<|message|>Hi", allowed_special="all"):
+        parser.inner.process(token)
+    assert pool.give_back(parser) is False and len(pool) == 0  # inside a message
+    parser.inner.process(RETURN)
+    parser.read = 9
+    assert pool.give_back(parser) is True and len(pool) == 1
+    other = pool.expecting_start()
+    assert other is parser and pool.made == 1
+    again = pool.assistant(channel)  # the pool is empty: a new one
+    assert pool.made == 2
+    for p in (parser, again):
+        p.inner.process(200006)  # <|start|>: no longer waiting for it
+    parser.read, again.read = 10, 0
+    for p in (parser, again):
+        p.inner.process(173781)  # "assistant"
+        for token in ENC.encode("<|channel|>final<|message|>x<|end|>", allowed_special="all"):
+            p.inner.process(token)
+    assert pool.give_back(parser) is True and len(pool) == 0  # read its cap
+    assert pool.give_back(again) is True and len(pool) == 1
+    assert pool.give_back(pool.assistant(0)) is False  # a new one, in a header
     assert len(pool) == 1
 
 
