@@ -6,16 +6,19 @@ of one core before any of them has its first token. A parser that has read a who
 cleanly waits for ``<|start|>``, as a new one made to expect it does. Fed ``<|start|>assistant``,
 it reads an assistant message's header, as a new one made for the assistant role does, but the
 two are not the same for every header: the role of the first is parsed from the header's text,
-so a model that begins with ``!<|channel|>...`` gives a tool named ``assistant!`` to one and an
-assistant message to the other. They are the same when the completion begins with
+so a completion that begins ``!<|channel|>commentary to=functions.get_weather`` was a call to
+one and a message to the other (a Hypothesis test found it). They are the same when the completion begins with
 ``<|channel|>`` (what the prompt's ``<|start|>assistant`` asks for, and every forced tool
 choice's prefill begins with): the role's word then ends at a special token. So a decoder takes
 its parser at the first token it gives one: a pooled one for ``<|channel|>``, a new one for
-anything else.
+anything else. (Most decodes take none at all: ``domain.decoder`` puts the parser off until a
+token needs it, and remembers here, in ``ParserPool.known``, what parsers found in the headers
+they read.)
 
 A parser keeps every token and message it has read (openai-harmony has no way to drop them), so
 one is reused only until it has read ``TOKEN_CAP`` tokens, and at most ``POOL_SIZE`` wait here per
-encoding: what the pool holds stays under a few MiB whatever the traffic. A test decodes random
+encoding; ``known`` holds at most ``KNOWN_SIZE`` prefixes of at most 64 tokens: what this module
+holds stays under a few MiB whatever the traffic. A test decodes random
 token sequences with fresh and with reused parsers and asserts the same events
 (``tests/domain/test_decoder.py``).
 """
