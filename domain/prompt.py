@@ -777,37 +777,53 @@ def render_prompt(encoding: HarmonyEncoding, request: PromptRequest) -> Rendered
                 code=error.code,
             ) from error
 
-    system = SystemContent(
-        model_identity=request.model_identity,
-        reasoning_effort=_EFFORTS[request.reasoning_effort],
-        knowledge_cutoff=request.knowledge_cutoff,
-        conversation_start_date=request.current_date,
-    ).with_required_channels(list(_CHANNELS))
-    messages: list[Any] = [Message.from_role_and_content(Role.SYSTEM, system)]
     instructions = [t for t in (request.instructions, *conversation.system_texts) if t]
     formats = response_formats_section(request.response_format)
     if formats:
         instructions.append(formats)
-    if instructions or offered:
-        developer = DeveloperContent.new()
-        if instructions:
-            developer = developer.with_instructions("\n\n".join(instructions))
-        if offered:
-            developer = developer.with_function_tools(
-                [
-                    ToolDescription.new(
-                        t.model_name,
-                        t.description,
-                        dict(t.parameters) if t.parameters is not None else None,
-                    )
-                    for t in offered
-                ]
-            )
-        messages.append(Message.from_role_and_content(Role.DEVELOPER, developer))
-    head = len(messages)
-    messages.extend(conversation.kept())
+    instruction_text = "\n\n".join(instructions) if instructions else None
+    # Everything the system and developer messages are made of, as one string: their tokens are
+    # looked up by it, and the messages made only when it is new.
+    head_key = json.dumps(
+        [
+            "head",
+            request.model_identity,
+            request.reasoning_effort,
+            request.knowledge_cutoff,
+            request.current_date,
+            instruction_text,
+            [[t.model_name, t.description, t.parameters] for t in offered],
+        ],
+        ensure_ascii=False,
+    )
 
-    token_ids = render_messages(encoding, messages, head)
+    def head() -> list[Message]:
+        system = SystemContent(
+            model_identity=request.model_identity,
+            reasoning_effort=_EFFORTS[request.reasoning_effort],
+            knowledge_cutoff=request.knowledge_cutoff,
+            conversation_start_date=request.current_date,
+        ).with_required_channels(list(_CHANNELS))
+        messages = [Message.from_role_and_content(Role.SYSTEM, system)]
+        if instruction_text is not None or offered:
+            developer = DeveloperContent.new()
+            if instruction_text is not None:
+                developer = developer.with_instructions(instruction_text)
+            if offered:
+                developer = developer.with_function_tools(
+                    [
+                        ToolDescription.new(
+                            t.model_name,
+                            t.description,
+                            dict(t.parameters) if t.parameters is not None else None,
+                        )
+                        for t in offered
+                    ]
+                )
+            messages.append(Message.from_role_and_content(Role.DEVELOPER, developer))
+        return messages
+
+    token_ids = render_messages(encoding, head_key, head, conversation.kept())
     prefill = None
     if choice.mode == "named" and choice.tool is not None:
         prefill = _prefill(encoding, choice.tool)
@@ -841,23 +857,30 @@ _RENDERED_LOCK = threading.Lock()
 _RENDER_CONFIG = RenderConversationConfig(auto_drop_analysis=False)
 
 
-def render_messages(encoding: HarmonyEncoding, messages: Sequence[Message], head: int) -> list[int]:
-    """What ``encoding.render_conversation_for_completion(messages, assistant)`` returns (with
-    Harmony's ``auto_drop_analysis`` off), each message rendered once and then looked up.
+def render_messages(
+    encoding: HarmonyEncoding,
+    head_key: str,
+    head: Callable[[], Sequence[Message]],
+    messages: Sequence[Message],
+) -> list[int]:
+    """What ``encoding.render_conversation_for_completion([*head(), *messages], assistant)``
+    returns (with Harmony's ``auto_drop_analysis`` off), each message rendered once and then
+    looked up.
 
-    ``messages[:head]`` (system, and developer when there is one) are rendered together as one
-    conversation: the system message's text depends on the developer message (the line about
-    function tools). The rest render the same alone as inside the conversation, and the
-    conversation then ends with ``<|start|>assistant``; tests hold this against Harmony's own
+    ``head()`` (system, and developer when there is one) is rendered as one conversation (the
+    system message's text depends on the developer message: the line about function tools),
+    looked up by ``head_key``, which says everything the head is made of, so that ``head()`` is
+    called only when it is new. The rest render the same alone as inside the conversation, and
+    the conversation then ends with ``<|start|>assistant``; tests hold this against Harmony's own
     rendering of whole conversations."""
     name = encoding.name
     token_ids = list(
         _rendered(
-            (name, "\x00".join(m.to_json() for m in messages[:head])),
-            lambda: encoding.render_conversation(Conversation.from_messages(list(messages[:head])), _RENDER_CONFIG),
+            (name, head_key),
+            lambda: encoding.render_conversation(Conversation.from_messages(list(head())), _RENDER_CONFIG),
         )
     )
-    for message in messages[head:]:
+    for message in messages:
         if _text_length(message) > _RENDERED_MAX_KEY:  # not kept: do not even write its key
             token_ids.extend(encoding.render(message))
             continue

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -1311,13 +1312,17 @@ def test_codex_replay_reasoning_items_have_content_and_null_encrypted_content() 
     assert any(str(item.get("id", "")).startswith("fco_") for item in _codex_items())
 
 
-def _harmony_whole(encoding: Any, messages: Sequence[Message], head: int) -> list[int]:
+def _harmony_whole(
+    encoding: Any, head_key: str, head: Callable[[], Sequence[Message]], messages: Sequence[Message]
+) -> list[int]:
     """Harmony's own rendering of the whole conversation, no per-message cache."""
     from openai_harmony import RenderConversationConfig
 
     return list(
         encoding.render_conversation_for_completion(
-            Conversation.from_messages(list(messages)), Role.ASSISTANT, RenderConversationConfig(auto_drop_analysis=False)
+            Conversation.from_messages([*head(), *messages]),
+            Role.ASSISTANT,
+            RenderConversationConfig(auto_drop_analysis=False),
         )
     )
 
@@ -1333,3 +1338,33 @@ def test_rendering_message_by_message_matches_harmony_rendering_the_whole_conver
     monkeypatch.setattr("domain.prompt.render_messages", _harmony_whole)
     whole = render_prompt(ENC, _request(body)).token_ids
     assert cached[0] == cached[1] == whole
+
+
+def test_a_head_that_differs_in_any_part_is_rendered_anew_not_looked_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    tool = {"type": "function", "name": "lookup", "description": "Find it.", "parameters": {"type": "object"}}
+    base = {"input": "Hi", "instructions": "Be kind.", "tools": [tool], "reasoning": {"effort": "low"}}
+    variants: list[dict[str, Any]] = [
+        base,
+        {**base, "instructions": "Be brief."},
+        {**base, "instructions": None},
+        {**base, "reasoning": {"effort": "high"}},
+        {**base, "tools": []},
+        {**base, "tools": [{**tool, "description": "Find it now."}]},
+        {**base, "tools": [{**tool, "name": "search"}]},
+        {**base, "tools": [{**tool, "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}]},
+        {**base, "tools": [tool, {**tool, "name": "search"}]},
+    ]
+    requests = [_request(v) for v in variants]
+    requests += [
+        dataclasses.replace(requests[0], current_date="2031-01-02"),
+        dataclasses.replace(requests[0], knowledge_cutoff="2030-01"),
+        dataclasses.replace(requests[0], model_identity="You are a test."),
+        dataclasses.replace(requests[0], response_format={"type": "json_object"}),
+    ]
+    for request in requests:  # each rendered after all the others are known
+        render_prompt(ENC, request)
+    looked_up = [render_prompt(ENC, request).token_ids for request in requests]
+    monkeypatch.setattr("domain.prompt.render_messages", _harmony_whole)
+    whole = [render_prompt(ENC, request).token_ids for request in requests]
+    assert looked_up == whole
+    assert len({tuple(ids) for ids in whole}) == len(requests)  # every variant's head differs
