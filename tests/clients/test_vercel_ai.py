@@ -32,7 +32,7 @@ def _references(body: dict[str, Any]) -> list[str]:
 
 
 def test_chat_and_tool_loop(ledger: RunningServer, engine: ScriptedEngine) -> None:
-    first = len(engine.prompts)  # the engine is the session's: earlier tests' prompts come first
+    first = engine.prompt_count  # the engine is the session's: earlier tests' prompts come first
     engine.add_turns(
         {"completion": harmony(("analysis", "Greet them."), ("final", "ANSWER-ONE"))},
         {"completion": harmony(("analysis", "Go on."), ("final", "ANSWER-TWO"))},
@@ -57,6 +57,8 @@ def test_chat_and_tool_loop(ledger: RunningServer, engine: ScriptedEngine) -> No
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout)
     decode = load_encoding().decode_utf8
+    # this test's prompts (the engine keeps the session's last 64)
+    prompts = list(engine.prompts)[len(engine.prompts) - (engine.prompt_count - first) :]
 
     chat = out["chat"]
     assert [t["text"] for t in chat] == ["ANSWER-ONE", "ANSWER-TWO", "ANSWER-THREE"]
@@ -65,7 +67,7 @@ def test_chat_and_tool_loop(ledger: RunningServer, engine: ScriptedEngine) -> No
     assert all("previous_response_id" not in b for b in bodies)
     # turn 2 referenced turn 1's reasoning and message; turn 3 both turns' items
     assert len(_references(bodies[1])) == 2 and len(_references(bodies[2])) == 4
-    third_prompt = decode(engine.prompts[first + 2])
+    third_prompt = decode(prompts[2])
     for text in ("CHAT-ONE", "ANSWER-ONE", "CHAT-TWO", "ANSWER-TWO", "CHAT-THREE"):
         assert text in third_prompt
 
@@ -76,5 +78,5 @@ def test_chat_and_tool_loop(ledger: RunningServer, engine: ScriptedEngine) -> No
     second_step = bodies[4]
     assert len(_references(second_step)) >= 1  # the function call (and its reasoning) by reference
     assert any(item.get("type") == "function_call_output" for item in second_step["input"])
-    step_prompt = decode(engine.prompts[first + 4])
+    step_prompt = decode(prompts[4])
     assert "to=functions.get_weather" in step_prompt and "sunny" in step_prompt

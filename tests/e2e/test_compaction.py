@@ -100,13 +100,13 @@ def test_a_tampered_or_foreign_compaction_item_is_a_400(client: OpenAI, engine: 
     reasoned = client.responses.create(model=MODEL, input="hi", include=["reasoning.encrypted_content"])
     sealed_reasoning = next(o for o in reasoned.output if o.type == "reasoning").encrypted_content
     for bad in (tampered, {**item, "encrypted_content": sealed_reasoning}, {**item, "encrypted_content": "x"}):
-        prompts = len(engine.prompts)
+        prompts = engine.prompt_count
         with pytest.raises(openai.BadRequestError) as caught:
             client.responses.create(model=MODEL, input=[bad, {"role": "user", "content": "go on"}])
         error: Any = caught.value.body
         assert error["param"] == "input[0].encrypted_content", error
         assert error["code"] == "invalid_encrypted_content"
-        assert len(engine.prompts) == prompts  # refused before anything was generated
+        assert engine.prompt_count == prompts  # refused before anything was generated
 
 
 @pytest.mark.parametrize("store", [True, False])
@@ -114,12 +114,12 @@ def test_a_compaction_trigger_streams_exactly_one_compaction_item(
     client: OpenAI, engine: ScriptedEngine, ledger: Any, store: bool
 ) -> None:
     engine.add_turns({"completion": harmony(("final", f"SUMMARY-trigger-{store}"))})
-    prompts = len(engine.prompts)
+    prompts = engine.prompt_count  # (the deque of prompts stops growing at 64)
     stream = client.responses.create(
         model=MODEL, input=[*HISTORY, {"type": "compaction_trigger"}], stream=True, store=store
     )
     events = list(stream)
-    assert len(engine.prompts) == prompts + 1  # the summary only: no answer is generated
+    assert engine.prompt_count == prompts + 1  # the summary only: no answer is generated
     assert SUMMARY_PROMPT in _prompt(engine)
     added = [e for e in events if e.type == "response.output_item.added"]
     done = [e for e in events if e.type == "response.output_item.done"]

@@ -41,10 +41,10 @@ def test_the_count_is_the_prompt_create_sends(client: OpenAI, engine: ScriptedEn
         },
     ]
     for body in bodies:
-        prompts = len(engine.prompts)
+        prompts = engine.prompt_count
         counted = client.responses.input_tokens.count(**body)
         assert counted.object == "response.input_tokens"
-        assert len(engine.prompts) == prompts  # nothing generated
+        assert engine.prompt_count == prompts  # nothing generated
         if body.get("tool_choice"):
             call = ("commentary to=functions.lookup <|constrain|>json", '{"word": "x"}')
             engine.add_turns({"completion": harmony(call, end="<|call|>")})

@@ -800,10 +800,10 @@ def test_reasoning_replayed_as_returned_is_checked_and_its_blob_wins(
             "tools": [WEATHER_TOOL],
         }
 
-    prompts = len(engine.prompts)
+    prompts = engine.prompt_count
     resp = post(ledger, body(tampered))
     error_of(resp, 400, code="invalid_encrypted_content", param="input[1].encrypted_content")
-    assert len(engine.prompts) == prompts  # nothing was generated
+    assert engine.prompt_count == prompts  # nothing was generated
     engine.add_turns(final("Sunny."))
     resp = post(ledger, body(blob))
     assert resp.status_code == 200, resp.text
