@@ -401,14 +401,14 @@ class HarmonyDecoder:
         return inner
 
     def _give_back(self) -> None:
-        """The parser goes back to the pool if it waits for ``<|start|>`` (then so does a
-        deferred one here); else it is dropped."""
+        """If the parser waits for ``<|start|>``, it goes back to the pool (if the pool keeps
+        it) and a deferred one waiting for ``<|start|>`` takes its place; else it stays."""
         parser = self._parser
         assert parser is not None
-        self._parser = None
-        parser.read += self._fed + self.result.output_tokens  # (at most: the cap's count)
-        waiting = self._parsers.give_back(parser)
-        self._inner = self._deferred(_EXPECTING_START) if waiting else _Finished()
+        parser.read += self._fed + self.result.output_tokens  # (counted high: the whole decode's)
+        if self._parsers.give_back(parser):
+            self._parser = None
+            self._inner = self._deferred(_EXPECTING_START)
 
     # -- items -----------------------------------------------------------------------------------
 
@@ -507,5 +507,6 @@ class HarmonyDecoder:
         self._content_kind = None
         if self._parser is not None:
             self._give_back()
+        self._parser = None
         self._inner = _Finished()
         return self.result

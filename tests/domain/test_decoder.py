@@ -14,7 +14,7 @@ from domain.builder import ResponseBuilder, Usage
 from domain.decoder import _AS_ASSISTANT, CALL, END, RETURN, HarmonyDecoder, strip_harmony_markup
 from domain.events import Event, OutputTextDelta
 from domain.machine import check_log
-from domain.parsers import ParserPool
+from domain.parsers import Parser, ParserPool
 from domain.projections import fold
 from tests.domain.factories import make_builder
 
@@ -409,3 +409,21 @@ def test_a_character_split_across_tokens_is_decoded_by_the_parser_from_there_on(
     response, events, _ = decode(f"<|channel|>final<|message|>{text}<|return|>")
     assert _summary(response) == [("message", "final_answer", text, "completed")]
     assert "".join(e.delta for e in events if isinstance(e, OutputTextDelta)) == text
+
+
+class _KeepsNone(ParserPool):
+    """A pool that finds no parser waiting for ``<|start|>``: decoders keep the parser they have."""
+
+    def give_back(self, parser: Parser) -> bool:
+        return False
+
+
+def test_a_parser_the_pool_does_not_take_back_stays_with_its_decoder() -> None:
+    text = (
+        "<|channel|>analysis<|message|>é then 🎉<|end|>"
+        "<|start|>assistant<|channel|>final<|message|>ü and 🦀<|return|>"
+    )
+    tokens = ENC.encode(text, allowed_special="all")
+    pool = _KeepsNone(ENC)
+    assert _events_of(HarmonyDecoder, tokens, False, pool) == _events_of(_ParserOnly, tokens, False)
+    assert pool.made == 1  # one parser for both messages
