@@ -89,7 +89,7 @@ class ParserPool:
         return Parser(StreamableParser(self._encoding, Role.ASSISTANT)._inner)
 
     def expecting_start(self) -> Parser:
-        """A parser waiting for ``<|start|>`` (after malformed output)."""
+        """A parser waiting for ``<|start|>`` (after a message, or malformed output)."""
         try:
             return self._idle.pop()
         except IndexError:
