@@ -71,7 +71,6 @@ from domain.builder import ItemStatus, ResponseBuilder
 from domain.custom_tools import CustomInputStream
 from domain.events import Json
 from domain.logprobs import TokenLogprob, TokenTexts
-from domain.parsers import KNOWN_SIZE as _KNOWN_SIZE
 from domain.parsers import Parser, ParserPool, pool_for
 
 __all__ = ["DecodeResult", "HarmonyDecoder", "strip_harmony_markup"]
@@ -111,15 +110,11 @@ _MAX_KNOWN_HEADER = 64
 
 
 class _Deferred:
-    """The decoder's parser while it needs none: what a parser would have read since its
-    starting state, not yet given to one. A header that a parser has read before from the same
-    state (``ParserPool.known``: every prefix, and the channel and recipient at its
-    ``<|message|>``) is read from there; a message read to its end brings it back to waiting for
-    ``<|start|>``. Anything else (a header never seen, a token in content that is not whole
-    text) makes the parser, gives it what was deferred, and from then on the decoder calls the
-    parser itself; a header read that way is remembered up to its ``<|message|>``. Harmony
-    spends ~40 µs on each header token and ~190 µs making a parser, so a response whose
-    headers are known and whose text is whole UTF-8 costs neither."""
+    """The decoder's parser while it needs none (see the module docstring): the tokens a parser
+    would have read since ``base``, not yet given to one. Known header prefixes are read from
+    ``ParserPool.known``; the first token they do not cover makes the parser, which gets the
+    tokens put off, and from the header's ``<|message|>`` (or a content token) on the decoder
+    calls it directly. A header read that way is remembered up to its ``<|message|>``."""
 
     __slots__ = ("_base", "_decoder", "_real", "_seen", "current_channel", "current_recipient")
 
@@ -156,20 +151,10 @@ class _Deferred:
         real.process(token)  # (a HarmonyError here: the decoder drops this parser)
         seen.append(token)
         if len(seen) <= _MAX_KNOWN_HEADER:
-            known = self._decoder._parsers.known
-            if len(known) >= _KNOWN_SIZE:
-                known.clear()
-            known[(self._base, *seen)] = (
-                (real.current_channel, real.current_recipient) if token == MESSAGE else None
-            )
+            header = (real.current_channel, real.current_recipient) if token == MESSAGE else None
+            self._decoder._parsers.remember((self._base, *seen), header)
         if token == MESSAGE or len(seen) > _MAX_KNOWN_HEADER:
             self._decoder._inner = real
-
-    def __getattr__(self, name: str) -> Any:  # (last_content_delta, state: only a parser has them)
-        real = self._real
-        if real is None:
-            raise AttributeError(name)
-        return getattr(real, name)
 
 
 class _Finished:
@@ -250,8 +235,8 @@ class HarmonyDecoder:
         #: and its Rust object, which the decoder calls directly (no Python wrapper per token).
         self._parser: Parser | None = None
         self._inner: Any = self._deferred(_AS_ASSISTANT)
-        #: The prefill's tokens: with the output tokens, what this decode's parsers read at most.
-        self._fed = len(prefill)
+        #: The output tokens already counted in the parser's ``read``.
+        self._counted = 0
         self._in_content = False
         self._content_kind: str | None = None
         self._custom: CustomInputStream | None = None
@@ -395,6 +380,10 @@ class HarmonyDecoder:
         pool = self._parsers
         parser = pool.assistant(seen[0] if seen else token) if base == _AS_ASSISTANT else pool.expecting_start()
         self._parser = parser
+        # the tokens put off and ``token``; the output tokens after it, _give_back counts (``feed``
+        # counts a token before it is decoded: ``token`` is in the count already, unless prefill)
+        parser.read += len(seen) + 1
+        self._counted = self.result.output_tokens
         inner = parser.inner
         for known in seen:
             inner.process(known)
@@ -405,7 +394,8 @@ class HarmonyDecoder:
         it) and a deferred one waiting for ``<|start|>`` takes its place; else it stays."""
         parser = self._parser
         assert parser is not None
-        parser.read += self._fed + self.result.output_tokens  # (counted high: the whole decode's)
+        parser.read += self.result.output_tokens - self._counted
+        self._counted = self.result.output_tokens
         if self._parsers.give_back(parser):
             self._parser = None
             self._inner = self._deferred(_EXPECTING_START)

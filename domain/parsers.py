@@ -41,8 +41,8 @@ _EXPECT_START = '{"state":"ExpectStart"}'
 
 
 class Parser:
-    """A parser (its Rust object, which the decoder calls directly) and how many tokens it has
-    read, counted by its user."""
+    """A parser (its Rust object, which the decoder calls directly) and about how many tokens it
+    has read, counted by its users (a forced tool choice's few prefill tokens may be missed)."""
 
     __slots__ = ("inner", "read")
 
@@ -71,6 +71,14 @@ class ParserPool:
 
     def __len__(self) -> int:
         return len(self._idle)
+
+    def remember(self, prefix: tuple[int, ...], header: tuple[str | None, str | None] | None) -> None:
+        """A parser read ``prefix`` from its starting state (``header``: at ``<|message|>``, the
+        channel and recipient it read). Past ``KNOWN_SIZE`` prefixes, all are forgotten first."""
+        known = self.known
+        if len(known) >= KNOWN_SIZE:
+            known.clear()
+        known[prefix] = header
 
     def assistant(self, first: int) -> Parser:
         """A parser for a completion whose first token is ``first`` (not yet given to it): one

@@ -427,3 +427,15 @@ def test_a_parser_the_pool_does_not_take_back_stays_with_its_decoder() -> None:
     pool = _KeepsNone(ENC)
     assert _events_of(HarmonyDecoder, tokens, False, pool) == _events_of(_ParserOnly, tokens, False)
     assert pool.made == 1  # one parser for both messages
+
+
+def test_a_pooled_parser_counts_the_tokens_it_read_once() -> None:
+    text = (
+        "<|channel|>analysis<|message|>é then 🎉<|end|>"
+        "<|start|>assistant<|channel|>final<|message|>ü and 🦀<|return|>"
+    )
+    tokens = ENC.encode(text, allowed_special="all")
+    pool = ParserPool(ENC)
+    _events_of(HarmonyDecoder, tokens, False, pool)  # new headers and split characters: one parser
+    assert pool.made == 1 and len(pool) == 1
+    assert pool.expecting_start().read == len(tokens)  # given back at each message's end
