@@ -7,14 +7,15 @@ Usage: ``python -m bench.paced_path [--backend sqlite|postgres|both] [--streams 
 engine's step loop hands them out: each token goes through the Harmony decoder, the response
 builder and the state machine, ``LogWriter.push`` (stored event and SSE frame), the group commit
 into a real store, and the publish that writes the committed frames to the stream's (attached)
-subscription, whose writer here only counts the bytes (and times them). What this leaves out, the HTTP request,
-the engine and the socket write, is the same for the naive peer (``bench.naive``), so this is
-the part of a paced token's CPU that is the ledger's alone.
+subscription, whose writer here only counts and times the bytes. What this leaves out, the HTTP
+request, the engine and the socket write, is the same for the naive peer (``bench.naive``), so
+this is the part of a paced token's CPU that is the ledger's alone.
 
 Printed: CPU (user + system, every thread of the process) per token, the commits and events
 per commit, and the lag of each written batch: from the step whose token made its first event
-to the write of its frames, after their commit (p50 / p99). Medians over ``--reps``. Deterministic enough to compare two trees side by
-side (``git stash``, or two work trees), which the HTTP benchmark's VM noise often is not.
+to the write of its frames, after their commit (p50 / p99). Medians over ``--reps``.
+Deterministic enough to compare two trees side by side (``git stash``, or two work trees), which
+the HTTP benchmark's VM noise often is not.
 """
 
 from __future__ import annotations
