@@ -94,6 +94,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--no-warmup", action="store_true")
     run.add_argument(
+        "--stagger",
+        action="store_true",
+        help="paced runs: spread the streams' starts over one stream's duration (tokens x "
+        "token-delay-ms), so they end and start one by one as on a live server rather than all "
+        "together; tokens/s then includes the ramp, so read the latency",
+    )
+    run.add_argument(
         "--quiet-timeout",
         type=float,
         default=30.0,
@@ -144,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         startup_timeout_s=args.startup_timeout,
         quiet_timeout_s=args.quiet_timeout,
         warmup=not args.no_warmup,
+        stagger=args.stagger,
         keep_workdirs=args.keep_workdirs,
     )
     command = shlex.join(["python", "-m", "bench", *(sys.argv[1:] if argv is None else argv)])

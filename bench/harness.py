@@ -101,6 +101,10 @@ class MatrixConfig:
     #: Foreign CPU (in cores) below which the machine counts as quiet.
     quiet_threshold: float = 0.15
     warmup: bool = True
+    #: Spread the streams' starts over one stream's paced duration (``tokens`` steps), so they
+    #: end and start again one by one, as on a live server, instead of all together (paced
+    #: runs only). Tokens/s then counts the ramp up and down: read the latency.
+    stagger: bool = False
     keep_workdirs: bool = False
     workdir_root: Path | None = None
     log: Callable[[str], None] = field(
@@ -444,6 +448,8 @@ def _run_loadgen(
         argv += ["--token-times-dir", str(times_dir), "--token-offset", str(target.token_offset)]
     if config.max_run_seconds:
         argv += ["--max-seconds", str(config.max_run_seconds)]
+    if config.stagger and config.token_delay_ms:
+        argv += ["--stagger-seconds", str(config.tokens * config.token_delay_ms / 1000)]
     proc = subprocess.Popen(
         _pinned(config.loadgen_cpus, argv, config.nice),
         cwd=REPO_ROOT,

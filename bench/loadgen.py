@@ -372,6 +372,9 @@ class LoadConfig:
     token_offset: int = 0
     timeout_s: float = 300.0
     samples: int = 1000
+    #: Worker ``i`` waits ``i * stagger_s / concurrency`` before its first request: the streams'
+    #: starts, and so their ends, are spread over ``stagger_s`` instead of all coming at once.
+    stagger_s: float = 0.0
 
     def request_bytes(self) -> bytes:
         parts = urlsplit(self.url)
@@ -471,6 +474,8 @@ async def run_load(config: LoadConfig) -> dict:
 
     async def worker(slot: int) -> None:
         conn = conns[slot]
+        if config.stagger_s > 0 and slot:
+            await asyncio.sleep(slot * config.stagger_s / config.concurrency)
         for _ in range(config.streams_per_worker):
             if deadline is not None and monotonic_ns() >= deadline:
                 return
@@ -568,6 +573,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per stream")
     parser.add_argument("--samples", type=int, default=1000, help="latency samples to report")
     parser.add_argument(
+        "--stagger-seconds",
+        type=float,
+        default=0.0,
+        help="spread the workers' first requests evenly over this many seconds (default 0: all at once)",
+    )
+    parser.add_argument(
         "--loop",
         default="auto",
         choices=["auto", "asyncio", "uvloop"],
@@ -588,6 +599,7 @@ def main(argv: list[str] | None = None) -> None:
         token_offset=args.token_offset,
         timeout_s=args.timeout,
         samples=args.samples,
+        stagger_s=args.stagger_seconds,
     )
     report = _run(run_load(config), args.loop)
     text = json.dumps(report)

@@ -110,3 +110,45 @@ def test_http_error_is_reported_with_its_body():
     assert (
         reader.error is not None and "HTTP 404" in reader.error and "no such model" in reader.error
     )
+
+
+def test_stagger_spreads_the_workers_first_requests():
+    """``stagger_s``: worker i sends its first request i * stagger_s / concurrency seconds in,
+    and every stream is still read whole."""
+    from bench.loadgen import LoadConfig, run_load
+
+    response = chunked(naive_frames(3))
+    arrivals: list[float] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+        await reader.readexactly(length)
+        arrivals.append(asyncio.get_running_loop().time())
+        writer.write(response)
+        await writer.drain()
+        await reader.read()  # until the client closes
+        writer.close()
+
+    async def main() -> dict:
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        start = asyncio.get_running_loop().time()
+        config = LoadConfig(
+            url=f"http://127.0.0.1:{port}/v1/responses",
+            body=b'{"stream":true}',
+            concurrency=4,
+            expected_events=3 + 8,
+            stagger_s=0.8,
+        )
+        report = await run_load(config)
+        await asyncio.sleep(0.1)  # the handlers see the client close its connections
+        server.close()
+        arrivals[:] = [t - start for t in arrivals]
+        return report
+
+    report = asyncio.run(main())
+    assert report["errors"] == [] and report["streams"] == 4
+    arrivals.sort()
+    for i, at in enumerate(arrivals):
+        assert i * 0.2 <= at < i * 0.2 + 0.15, arrivals
