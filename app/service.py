@@ -398,12 +398,14 @@ class ResponseService:
                 # what the POST of a background response answers with, once durable (no copy:
                 # the event is immutable); run.created is set when these are published
                 run.created_response = created[-1].response  # type: ignore[union-attr]
-                writer.push(created)
                 if run.background:  # the POST answers with the snapshot: wait before generating
+                    writer.push(created)
                     await writer.drain()
+                    created = []
                 builder.in_progress()
                 assert new_decoder is not None  # only a takeover (``resumed``) has none
-                writer.push(builder.take())
+                # response.created and response.in_progress in one commit, not one each
+                writer.push([*created, *builder.take()])
                 if compaction is not None:
                     step = await self.compactions.run(compaction, builder, writer, run)
                     compacted = step.usage
@@ -451,7 +453,11 @@ class ResponseService:
                             decoder.feed(chunk.token_ids)
                         else:
                             decoder.feed_logprobs(chunk.token_ids, chunk.logprobs)
-                        writer.push(builder.take(), chunk.token_ids)
+                        if chunk.finish_reason is None or turn is not None:
+                            writer.push(builder.take(), chunk.token_ids)
+                        else:  # its events go with the terminal ones, pushed in this same
+                            # turn after the loop: one commit for both, not one each
+                            writer.push((), chunk.token_ids)
                         if (
                             self._backlog.total >= _BACKLOG_BUDGET or health.failing
                         ) and writer.backlog >= _MIN_BACKLOG:
