@@ -339,6 +339,33 @@ def test_a_short_response_costs_two_commits(tmp_path: Path) -> None:
     assert after.writes - before.writes == 5  # create, prompt audit, two appends, output audit
 
 
+def test_a_paced_response_takes_no_commit_of_its_own_but_its_first(tmp_path: Path) -> None:
+    """An engine that paces its tokens (one a step, each step's events committed before the
+    next): response.created and response.in_progress share the first commit with the response
+    row and the prompt audit, every step that makes events takes one, and the last step's events
+    share the terminal event's commit (no commit of their own for in_progress or the end: on a
+    live server those were two commits a response that no other stream's events shared)."""
+    completion = harmony(("final", "one two three four"))
+    steps = len(load_encoding().encode(completion, allowed_special="all"))
+    engine = ScriptedEngine(
+        load_encoding(), [MODEL], {"turns": [{"completion": completion}], "token_delay_ms": 100}
+    )
+    settings = Settings(
+        engine="scripted",
+        served_model_names=(MODEL,),
+        database_url=f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}",
+    )
+    with serve(settings, engine=engine) as server:
+        store = server.service.store
+        before = store.stats
+        r = httpx.post(server.base_url + "/v1/responses", json={"model": MODEL, "input": "hi"}, timeout=30)
+        assert r.status_code == 200 and r.json()["status"] == "completed"
+        after = store.stats
+    # <|channel|> and "final" make no event; <|message|>, the four words and <|return|> do
+    assert steps == 8
+    assert after.transactions - before.transactions == 1 + (steps - 2)
+
+
 class _HesitantStore(MemoryStore):
     """Reads of a log take 50 ms, during which a live response keeps committing and publishing:
     a resuming reader then gets, from the store and from the live queue, events of both."""
