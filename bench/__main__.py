@@ -123,7 +123,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command == "run" and args.stagger and not args.token_delay_ms:
+        parser.error("--stagger needs --token-delay-ms: only a paced stream has a duration to spread the starts over")
     targets = default_targets()
     if args.command == "targets":
         for t in targets:

@@ -152,3 +152,14 @@ def test_stagger_spreads_the_workers_first_requests():
     arrivals.sort()
     for i, at in enumerate(arrivals):
         assert i * 0.2 <= at < i * 0.2 + 0.15, arrivals
+
+
+def test_stagger_without_a_paced_engine_is_refused(capsys):
+    """``bench run --stagger`` spreads the starts over a paced stream's duration: without
+    ``--token-delay-ms`` there is none, and the flag is refused rather than ignored."""
+    from bench.__main__ import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["run", "--stagger", "--target", "naive"])
+    assert exit_info.value.code == 2
+    assert "--stagger needs --token-delay-ms" in capsys.readouterr().err
