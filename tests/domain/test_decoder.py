@@ -411,6 +411,14 @@ def test_a_character_split_across_tokens_is_decoded_by_the_parser_from_there_on(
     assert "".join(e.delta for e in events if isinstance(e, OutputTextDelta)) == text
 
 
+#: Two messages, each with a character split across tokens (their text needs the parser).
+_TWO_MESSAGES = ENC.encode(
+    "<|channel|>analysis<|message|>é then 🎉<|end|>"
+    "<|start|>assistant<|channel|>final<|message|>ü and 🦀<|return|>",
+    allowed_special="all",
+)
+
+
 class _KeepsNone(ParserPool):
     """A pool that finds no parser waiting for ``<|start|>``: decoders keep the parser they have."""
 
@@ -419,23 +427,13 @@ class _KeepsNone(ParserPool):
 
 
 def test_a_parser_the_pool_does_not_take_back_stays_with_its_decoder() -> None:
-    text = (
-        "<|channel|>analysis<|message|>é then 🎉<|end|>"
-        "<|start|>assistant<|channel|>final<|message|>ü and 🦀<|return|>"
-    )
-    tokens = ENC.encode(text, allowed_special="all")
     pool = _KeepsNone(ENC)
-    assert _events_of(HarmonyDecoder, tokens, False, pool) == _events_of(_ParserOnly, tokens, False)
+    assert _events_of(HarmonyDecoder, _TWO_MESSAGES, False, pool) == _events_of(_ParserOnly, _TWO_MESSAGES, False)
     assert pool.made == 1  # one parser for both messages
 
 
 def test_a_pooled_parser_counts_the_tokens_it_read_once() -> None:
-    text = (
-        "<|channel|>analysis<|message|>é then 🎉<|end|>"
-        "<|start|>assistant<|channel|>final<|message|>ü and 🦀<|return|>"
-    )
-    tokens = ENC.encode(text, allowed_special="all")
     pool = ParserPool(ENC)
-    _events_of(HarmonyDecoder, tokens, False, pool)  # new headers and split characters: one parser
+    _events_of(HarmonyDecoder, _TWO_MESSAGES, False, pool)  # new headers and split characters: one parser
     assert pool.made == 1 and len(pool) == 1
-    assert pool.expecting_start().read == len(tokens)  # given back at each message's end
+    assert pool.expecting_start().read == len(_TWO_MESSAGES)  # given back at each message's end

@@ -317,11 +317,10 @@ def test_the_output_audit_never_reaches_the_store_before_the_terminal_event() ->
     assert order.index("audit:prompt_token_ids") < order.index("response.completed")
 
 
-def test_a_short_response_costs_two_commits(tmp_path: Path) -> None:
-    """The response row, response.created and the prompt audit share the first commit; the
-    rest of the log, the terminal event and the output audit the second (the audit rides
-    behind the terminal event instead of taking a commit of its own)."""
-    engine = ScriptedEngine(load_encoding(), [MODEL], {"turns": [{"completion": harmony(("final", "one two three four"))}]})
+def _commits_of_one_response(tmp_path: Path, script: dict[str, Any]) -> tuple[int, int, list[str]]:
+    """One response of ``script`` on a fresh SQLite store: the commits and writes it took, and
+    the kinds of its audit records."""
+    engine = ScriptedEngine(load_encoding(), [MODEL], script)
     settings = Settings(
         engine="scripted",
         served_model_names=(MODEL,),
@@ -334,9 +333,18 @@ def test_a_short_response_costs_two_commits(tmp_path: Path) -> None:
         assert r.status_code == 200 and r.json()["status"] == "completed"
         after = store.stats
         audit = httpx.get(f"{server.base_url}/v1/responses/{r.json()['id']}/events", timeout=30).json()["audit"]
-    assert [a["kind"] for a in audit] == ["prompt_token_ids", "output_token_ids", "finish"]
-    assert after.transactions - before.transactions == 2
-    assert after.writes - before.writes == 5  # create, prompt audit, two appends, output audit
+    return after.transactions - before.transactions, after.writes - before.writes, [a["kind"] for a in audit]
+
+
+def test_a_short_response_costs_two_commits(tmp_path: Path) -> None:
+    """The response row, response.created and the prompt audit share the first commit; the
+    rest of the log, the terminal event and the output audit the second (the audit rides
+    behind the terminal event instead of taking a commit of its own)."""
+    script = {"turns": [{"completion": harmony(("final", "one two three four"))}]}
+    transactions, writes, audit = _commits_of_one_response(tmp_path, script)
+    assert audit == ["prompt_token_ids", "output_token_ids", "finish"]
+    assert transactions == 2
+    assert writes == 5  # create, prompt audit, two appends, output audit
 
 
 def test_a_paced_response_takes_no_commit_of_its_own_but_its_first(tmp_path: Path) -> None:
@@ -347,23 +355,11 @@ def test_a_paced_response_takes_no_commit_of_its_own_but_its_first(tmp_path: Pat
     live server those were two commits a response that no other stream's events shared)."""
     completion = harmony(("final", "one two three four"))
     steps = len(load_encoding().encode(completion, allowed_special="all"))
-    engine = ScriptedEngine(
-        load_encoding(), [MODEL], {"turns": [{"completion": completion}], "token_delay_ms": 100}
-    )
-    settings = Settings(
-        engine="scripted",
-        served_model_names=(MODEL,),
-        database_url=f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}",
-    )
-    with serve(settings, engine=engine) as server:
-        store = server.service.store
-        before = store.stats
-        r = httpx.post(server.base_url + "/v1/responses", json={"model": MODEL, "input": "hi"}, timeout=30)
-        assert r.status_code == 200 and r.json()["status"] == "completed"
-        after = store.stats
+    script = {"turns": [{"completion": completion}], "token_delay_ms": 100}
+    transactions, _, _ = _commits_of_one_response(tmp_path, script)
     # <|channel|> and "final" make no event; <|message|>, the four words and <|return|> do
     assert steps == 8
-    assert after.transactions - before.transactions == 1 + (steps - 2)
+    assert transactions == 1 + (steps - 2)
 
 
 class _HesitantStore(MemoryStore):
