@@ -453,11 +453,11 @@ class ResponseService:
                             decoder.feed(chunk.token_ids)
                         else:
                             decoder.feed_logprobs(chunk.token_ids, chunk.logprobs)
-                        if chunk.finish_reason is None or turn is not None:
-                            writer.push(builder.take(), chunk.token_ids)
-                        else:  # its events go with the terminal ones, pushed in this same
-                            # turn after the loop: one commit for both, not one each
-                            writer.push((), chunk.token_ids)
+                        # the last chunk's events wait for the terminal ones, pushed right after
+                        # the loop in this same turn: one commit for both (not so with a
+                        # conversation, whose turn is recorded, an await, in between)
+                        last = chunk.finish_reason is not None and turn is None
+                        writer.push(() if last else builder.take(), chunk.token_ids)
                         if (
                             self._backlog.total >= _BACKLOG_BUDGET or health.failing
                         ) and writer.backlog >= _MIN_BACKLOG:
