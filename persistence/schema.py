@@ -204,6 +204,10 @@ replicas = Table(
     Column("started_at", Double, nullable=False),
     Column("heartbeat_at", Double, nullable=False),
     Column("expires_at", Double, nullable=False),
+    #: Bumped by every claim and every delete of one of this replica's responses (by any
+    #: server): a commit that reads it unchanged since it last checked a log's epoch need not
+    #: check that log again (``persistence.sql``, the append fence).
+    Column("fence", BigInteger, nullable=False, server_default="0"),
 )
 
 #: API keys (``responses-ledger keys create``): the SHA-256 of each key, never the key.

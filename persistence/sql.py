@@ -30,6 +30,7 @@ import dataclasses
 import errno
 import functools
 import logging
+import secrets
 import sqlite3
 import time
 from collections import OrderedDict
@@ -264,6 +265,7 @@ class _Tail(NamedTuple):
 class _Create:
     response_id: str
     row: tuple[Any, ...]
+    owner: str | None
     items: list[tuple[Any, ...]]
     index: list[IndexRow]  # the input items' rows of ``item_index``
     future: asyncio.Future[None]
@@ -357,6 +359,13 @@ class SqlStore:
         # The epoch this store claimed for each response it took over (``claim``); a response it
         # created has epoch 0 and no entry. PostgreSQL appends are fenced by it.
         self._epochs: dict[str, int] = {}
+        # The append fence's shortcut (PostgreSQL, with a lease): for each log of this replica,
+        # the replica row's ``fence`` when its epoch was last seen to be this store's. A claim or
+        # delete of one of the replica's responses bumps ``fence``, so while a commit reads the
+        # same value under its share lock, none of these logs was claimed or deleted since.
+        self._fenced_at: dict[str, int] = {}
+        #: Logs whose epoch a commit checked row by row (the fence's slow path), since opening.
+        self.fence_row_checks = 0
         #: Rung (``persistence.doorbell``) for every response whose events a commit made durable,
         #: after the commit, so followers on other replicas read them at once.
         self.doorbell: Doorbell | None = None
@@ -404,7 +413,7 @@ class SqlStore:
         ]
         index = input_rows(new.id, new.input_items)
         future = asyncio.get_running_loop().create_future()
-        self._commits.put(_Create(new.id, row, items, index, future), weight=1 + len(items))
+        self._commits.put(_Create(new.id, row, new.owner, items, index, future), weight=1 + len(items))
         return future
 
     def submit(
@@ -516,6 +525,10 @@ class SqlStore:
         if not _possible_id(response_id):
             return False
         async with _store_errors(), self._writer.begin() as conn:
+            # Its owner's fence first (an owner still appending to it then finds no row), in the
+            # order its owner's commits lock them: the replica's row, then the response's.
+            owner = select(responses.c.owner).where(responses.c.id == response_id).scalar_subquery()
+            await conn.execute(_bump_fence(owner))
             # Events, audit records and input items go with the row (ON DELETE CASCADE); the
             # append-only trigger lets an event row go only once its response row is gone.
             result = await conn.execute(delete(responses).where(responses.c.id == response_id))
@@ -552,7 +565,8 @@ class SqlStore:
             replica, lease_s = self._replica
             now = self._clock()
             touch = self._sql.upsert_replica
-            args = (replica.id, replica.host, replica.pid, replica.started_at, now, now + lease_s)
+            fence = secrets.randbits(62)  # only if this inserts the row (see upsert_replica)
+            args = (replica.id, replica.host, replica.pid, replica.started_at, now, now + lease_s, fence)
         try:
             async with asyncio.timeout(self._statement_timeout_s):
                 if self._direct is not None:
@@ -624,7 +638,10 @@ class SqlStore:
             if outcome is None and type(write) is _Append:
                 if write.ends:
                     self._epochs.pop(write.response_id, None)
+                    self._fenced_at.pop(write.response_id, None)
                 appended.append(write.response_id)
+            elif outcome is not None:
+                self._fenced_at.pop(write.response_id, None)
         bell = self.doorbell
         if bell is not None and appended:  # after the commit, never inside it
             bell.ring_all(appended)
@@ -740,20 +757,18 @@ class SqlStore:
         connection goes back to the pool)."""
         raw = (await conn.get_raw_connection()).driver_connection
         assert raw is not None  # a live pooled connection
+        earned: dict[str, int] = {}
         try:
             async with raw.transaction():
                 if unknown:
                     _found_tails(tails, unknown, await raw.fetch(self._sql.tails(len(unknown)), *unknown))
                 if previous is not None and _committed_before(batch, tails, previous):
                     return _Plan(previous.outcomes, [], 0)
-                created = {w.response_id for w in batch if isinstance(w, _Create)}
+                created = {w.response_id: w.owner for w in batch if isinstance(w, _Create)}
                 appended = list(
                     {w.response_id: None for w in batch if isinstance(w, _Append) and w.response_id not in created}
                 )
-                # The fence: each log's epoch, locked against a claim until this commits (a
-                # claim that comes after it sees these events; one before it fences them out)
-                epochs = dict(await raw.fetch(_FENCE, appended)) if appended else {}
-                epochs.update((rid, 0) for rid in created)
+                epochs = await self._fence(raw, appended, created, earned)
                 plan = self._last_plan = self._plan(batch, tails, epochs)
                 for statement, rows in plan.statements:
                     if statement.columns:
@@ -768,7 +783,49 @@ class SqlStore:
                 with contextlib.suppress(Exception):
                     await conn.invalidate()  # unusable or in doubt: do not pool it again
             raise
+        self._fenced_at.update(earned)  # committed: the new logs exist, the checks stand
         return plan
+
+    async def _fence(
+        self, raw: Any, appended: list[str], created: dict[str, str | None], earned: dict[str, int]
+    ) -> dict[str, int]:
+        """The append fence, in the commit's transaction: each appended log's epoch, locked
+        against a claim until this commits (a claim that comes after it sees these events; one
+        before it fences them out). ``created``: the logs the commit creates, and their owners.
+        ``earned`` gets the ``_fenced_at`` entries the commit earns (kept once it commits).
+
+        With a lease, the commit share-locks this replica's row first: a claim or delete of one
+        of its responses bumps that row's ``fence`` in its own transaction, so it waits for this
+        one, and one that came before shows in the value read. A log last checked at that value
+        needs nothing more. Only the others (a log this store took over, a log after a claim or
+        delete of any of its responses, every log without a lease) are read and locked row by
+        row."""
+        if not appended and not created:
+            return {}
+        me: str | None = None
+        fence: int | None = None
+        if self._replica is not None:
+            me = self._replica[0].id
+            fence = await raw.fetchval(_OWN_FENCE, me)  # None: no row (not leased yet, released)
+        known = self._fenced_at
+        epochs: dict[str, int] = {}
+        unchecked: list[str] = []
+        for rid in appended:
+            if fence is not None and known.get(rid) == fence:
+                epochs[rid] = self._epochs.get(rid, 0)  # as it was, as every claim must wait
+            else:
+                unchecked.append(rid)
+        if unchecked:
+            self.fence_row_checks += len(unchecked)
+            for rid, epoch, owner in await raw.fetch(_FENCE, unchecked):
+                epochs[rid] = epoch
+                if fence is not None and owner == me and epoch == self._epochs.get(rid, 0):
+                    earned[rid] = fence
+        for rid, owner in created.items():  # a new log: nobody can have claimed it yet
+            epochs[rid] = 0
+            if fence is not None and owner == me:
+                earned[rid] = fence
+        return epochs
 
     def _write_direct(
         self,
@@ -1156,6 +1213,8 @@ class SqlStore:
             async with _store_errors(), self._writer.begin() as conn:
                 if self._postgres:  # a lock held by a frozen owner: not now, the next sweep
                     await conn.execute(text("SET LOCAL lock_timeout = '500ms'"))
+                if from_owner is not None:  # first: the owner's commits lock this row first too
+                    await conn.execute(_bump_fence(from_owner))
                 epoch = (await conn.execute(query)).scalar_one_or_none()
         except StoreError as exc:
             if isinstance(exc.__cause__, DBAPIError) and "lock timeout" in str(exc.__cause__):
@@ -1282,9 +1341,11 @@ class _Statements:
         )
         where = f"${len(columns) + 1}" if postgres else "?"
         self.update_response = _Statement(f"UPDATE responses SET {sets} WHERE id = {where}")
+        # A new row's ``fence`` starts at a random value, never at one its replica may have seen
+        # before the row went (a drain removes it) and came back.
         self.upsert_replica = (
-            f"INSERT INTO replicas (id, host, pid, started_at, heartbeat_at, expires_at)"
-            f" VALUES ({self._marks(6)}) ON CONFLICT (id) DO UPDATE SET"
+            f"INSERT INTO replicas (id, host, pid, started_at, heartbeat_at, expires_at, fence)"
+            f" VALUES ({self._marks(7)}) ON CONFLICT (id) DO UPDATE SET"
             " heartbeat_at = excluded.heartbeat_at, expires_at = excluded.expires_at"
         )
 
@@ -1432,7 +1493,19 @@ _TAIL_READ = text(
 )
 # The append fence (PostgreSQL): the epoch of each log a commit appends to, share-locked so that a
 # concurrent claim (an UPDATE of the row) waits for the commit, and a commit after a claim sees it.
-_FENCE = "SELECT id, epoch FROM responses WHERE id = ANY($1::text[]) FOR SHARE"
+_FENCE = "SELECT id, epoch, owner FROM responses WHERE id = ANY($1::text[]) FOR SHARE"
+# Its shortcut: this replica's own row, share-locked (see ``SqlStore._fence``).
+_OWN_FENCE = "SELECT fence FROM replicas WHERE id = $1 FOR SHARE"
+
+
+def _bump_fence(owner: Any) -> Any:
+    """Tell the replica ``owner`` (an expression) that one of its responses was claimed or
+    deleted: its commits check their logs row by row again (``SqlStore._fence``)."""
+    return (
+        update(replicas_table)
+        .where(replicas_table.c.id == owner)
+        .values(fence=replicas_table.c.fence + 1)
+    )
 _EVENTS = select(_e.c.seq, _e.c.type, cast(_e.c.payload, Text))
 
 _chain = select(

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import AsyncIterator
 
 import pytest
+from sqlalchemy import text
 
 from persistence.errors import Fenced, NotFound
 from persistence.memory import MemoryStore
+from persistence.records import Replica
 from persistence.sql import open_store
 from persistence.store import EventStore
 from tests.persistence.contract import EventStoreContract
@@ -65,6 +68,84 @@ async def test_a_claim_fences_out_the_old_owners_appends(clean_postgres_url: str
         with pytest.raises(NotFound):
             await a.append(other.id, [delta(1)], 1)
         assert await a.load(other.id) == []
+    finally:
+        await a.close()
+        await b.close()
+
+
+@pytest.mark.postgres
+async def test_a_leased_replica_fences_its_logs_by_its_own_row_and_still_loses_them(
+    clean_postgres_url: str,
+) -> None:
+    """With a lease, a commit checks a log's epoch row by row only once: then it locks its own
+    replica row alone. A claim, an API delete or a delete by hand in SQL of one of its responses
+    still stops its appends at once; after one, its other logs are checked row by row once more."""
+    a = await open_store(clean_postgres_url, commit_window_ms=1.0, migrate=False)
+    b = await open_store(clean_postgres_url, commit_window_ms=1.0, migrate=False)
+    now = time.time()
+    a.lease(Replica("rep_a", "host", 1, now, now, now + 60), 60)
+    b.lease(Replica("rep_b", "host", 2, now, now, now + 60), 60)
+    try:
+        await a.probe()  # the heartbeat: rep_a's row
+        await b.probe()
+        claimed, kept, deleted, by_hand = (
+            dataclasses.replace(new_response(), owner="rep_a") for _ in range(4)
+        )
+        for response in (claimed, kept, deleted, by_hand):
+            await a.create_response(response)
+            await a.append(response.id, [created(response.id)], 0)
+        for seq in (1, 2):
+            for response in (claimed, kept, deleted, by_hand):
+                await a.append(response.id, [delta(seq)], seq)
+        assert a.fence_row_checks == 0  # created here: each log's fence was its replica's row
+
+        assert await b.claim(claimed.id, "rep_a", "rep_b") == 1
+        with pytest.raises(Fenced):
+            await a.append(claimed.id, [delta(3, "late")], 3)
+        await a.append(kept.id, [delta(3)], 3)  # checked row by row once more, then not
+        await a.append(kept.id, [delta(4)], 4)
+        assert a.fence_row_checks == 2
+
+        assert await b.delete(deleted.id)
+        with pytest.raises(NotFound):
+            await a.append(deleted.id, [delta(3)], 3)
+        assert await a.load(deleted.id) == []
+
+        async with a._writer.begin() as conn:  # what an operator types in psql
+            await conn.execute(text(f"DELETE FROM responses WHERE id = '{by_hand.id}'"))
+        with pytest.raises(NotFound):
+            await a.append(by_hand.id, [delta(3)], 3)
+        assert await a.load(by_hand.id) == []
+
+        await a.append(kept.id, [completed(kept.id, 5)], 5)
+        assert [e.seq for e in await b.load(kept.id)] == [0, 1, 2, 3, 4, 5]
+        await b.append(claimed.id, [delta(3, "b's")], 3)
+        assert (await b.load(claimed.id))[3].payload["delta"] == "b's"
+    finally:
+        await a.close()
+        await b.close()
+
+
+@pytest.mark.postgres
+async def test_a_replica_row_that_comes_back_does_not_vouch_for_logs_claimed_meanwhile(
+    clean_postgres_url: str,
+) -> None:
+    """A drain removes the replica's row; a claim then has no row to bump. If the row comes back
+    (the next heartbeat), its fence must not match the value the replica knew its logs by."""
+    a = await open_store(clean_postgres_url, commit_window_ms=1.0, migrate=False)
+    b = await open_store(clean_postgres_url, commit_window_ms=1.0, migrate=False)
+    now = time.time()
+    a.lease(Replica("rep_a", "host", 1, now, now, now + 60), 60)
+    try:
+        await a.probe()
+        response = dataclasses.replace(new_response(), owner="rep_a")
+        await a.create_response(response)
+        await a.append(response.id, [created(response.id), delta(1)], 0)
+        await a.release("rep_a")
+        assert await b.claim(response.id, "rep_a", "rep_b") == 1
+        await a.probe()  # the row again, with a new fence
+        with pytest.raises(Fenced):
+            await a.append(response.id, [delta(2, "late")], 2)
     finally:
         await a.close()
         await b.close()
