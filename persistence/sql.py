@@ -812,7 +812,7 @@ class SqlStore:
         unchecked: list[str] = []
         for rid in appended:
             if fence is not None and known.get(rid) == fence:
-                epochs[rid] = self._epochs.get(rid, 0)  # as it was, as every claim must wait
+                epochs[rid] = self._epochs.get(rid, 0)  # unchanged: a claim bumps the fence
             else:
                 unchecked.append(rid)
         if unchecked:
@@ -1506,6 +1506,8 @@ def _bump_fence(owner: Any) -> Any:
         .where(replicas_table.c.id == owner)
         .values(fence=replicas_table.c.fence + 1)
     )
+
+
 _EVENTS = select(_e.c.seq, _e.c.type, cast(_e.c.payload, Text))
 
 _chain = select(
