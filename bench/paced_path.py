@@ -34,6 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from app.encoding import load_encoding
+from app.leases import new_replica
 from app.live import LogWriter, Run
 from app.main import tune_gc
 from app.settings import SERVE_GC_THRESHOLD
@@ -67,6 +68,11 @@ async def _one_run(url: str, streams: int, tokens: int, step_s: float) -> dict[s
         f"<|channel|>final<|message|>{text}<|return|>", allowed_special="all"
     )
     store = await open_store(url)
+    # a replica's lease, as a server holds one: on PostgreSQL its commits fence their logs by
+    # its row (``SqlStore._fence``)
+    replica = new_replica()
+    store.lease(replica, 60.0)
+    await store.probe()
     counter = itertools.count()
     written = [0]
     lags: list[float] = []
@@ -89,7 +95,9 @@ async def _one_run(url: str, streams: int, tokens: int, step_s: float) -> dict[s
             rid = f"resp_{secrets.token_hex(16)}"
             run = Run(id=rid, store=True, background=False, engine_request_id=rid)
             await store.create_response(
-                NewResponse(rid, "gpt-oss-scripted", int(time.time()), None, False, {"input": "hi"}, [])
+                NewResponse(
+                    rid, "gpt-oss-scripted", int(time.time()), None, False, {"input": "hi"}, [], owner=replica.id
+                )
             )
             builder = _builder(rid, counter)
             # the log's first events are written with the response's row in production; here the
