@@ -11,6 +11,8 @@ Create Date: 2026-12-02
   locks one row, not 256.
 - PostgreSQL: the trigger ``responses_delete_fence`` bumps it for a response deleted by hand
   (``DELETE FROM responses ...`` in psql), so its owner stops appending to it as it did before.
+  BEFORE the row goes: the bump waits for a commit of the owner in flight, so the events that
+  commit makes are there when ``responses_delete_events`` (AFTER) deletes the response's events.
 
 Plain ``ADD COLUMN`` on both databases (see 0003).
 """
@@ -44,7 +46,7 @@ def upgrade() -> None:
     )
     op.execute(
         """
-        CREATE TRIGGER responses_delete_fence AFTER DELETE ON responses
+        CREATE TRIGGER responses_delete_fence BEFORE DELETE ON responses
         FOR EACH ROW EXECUTE FUNCTION responses_delete_fence()
         """
     )

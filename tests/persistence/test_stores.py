@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import time
 from collections.abc import AsyncIterator
 
+import asyncpg
 import pytest
 from sqlalchemy import text
 
@@ -149,3 +151,41 @@ async def test_a_replica_row_that_comes_back_does_not_vouch_for_logs_claimed_mea
     finally:
         await a.close()
         await b.close()
+
+
+@pytest.mark.postgres
+async def test_a_delete_by_hand_during_an_owners_commit_leaves_none_of_its_events(
+    clean_postgres_url: str,
+) -> None:
+    """A commit that trusts its replica's row holds it share-locked and inserts events without
+    touching the response's row. A ``DELETE FROM responses`` typed in psql meanwhile must wait
+    for that commit (its trigger bumps the replica's fence before the row goes), so that the
+    events the commit made go with the response instead of staying behind without it."""
+    a = await open_store(clean_postgres_url, commit_window_ms=1.0, migrate=False)
+    now = time.time()
+    a.lease(Replica("rep_a", "host", 1, now, now, now + 60), 60)
+    dsn = clean_postgres_url.replace("postgresql+asyncpg", "postgresql")
+    owner, operator = await asyncpg.connect(dsn), await asyncpg.connect(dsn)
+    try:
+        await a.probe()
+        response = dataclasses.replace(new_response(), owner="rep_a")
+        await a.create_response(response)
+        await a.append(response.id, [created(response.id)], 0)
+        commit = owner.transaction()
+        await commit.start()  # the owner's commit, as SqlStore._fence's shortcut makes it
+        await owner.fetchval("SELECT fence FROM replicas WHERE id = $1 FOR SHARE", "rep_a")
+        await owner.execute(
+            "INSERT INTO response_events (response_id, seq, type, payload, recorded_at)"
+            " VALUES ($1, 1, 'response.output_text.delta', '{}', 0)",
+            response.id,
+        )
+        delete = asyncio.create_task(operator.execute(f"DELETE FROM responses WHERE id = '{response.id}'"))
+        await asyncio.sleep(0.3)
+        assert not delete.done()  # it waits for the commit
+        await commit.commit()
+        await delete
+        assert await owner.fetchval("SELECT count(*) FROM response_events WHERE response_id = $1", response.id) == 0
+    finally:
+        await owner.close()
+        await operator.close()
+        await a.close()
