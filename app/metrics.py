@@ -270,6 +270,13 @@ class Metrics:
             "Commit attempts retried while the database was unavailable.",
             getattr(store, "commit_retries", 0),
         )
+        yield _counter(
+            "ledger_fence_row_checks",
+            "Logs whose epoch a PostgreSQL commit read and locked row by row: a log taken over "
+            "here, or any log after a claim or delete of one of this replica's responses; "
+            "streaming its own responses adds none (one lock of its replica's row a commit).",
+            getattr(store, "fence_row_checks", 0),
+        )
         yield _gauge(
             "ledger_store_writable",
             "1 while the database takes writes, 0 while it fails (see /health).",

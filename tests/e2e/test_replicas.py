@@ -137,12 +137,25 @@ def _assert_taken_over(cluster: Cluster, response_id: str, dead: str) -> None:
     assert 0 < detail["at_seq"] < len(seqs), detail
 
 
+def _fence_row_checks(cluster: Cluster, index: int) -> float:
+    """``ledger_fence_row_checks_total`` of replica ``index``."""
+    text = httpx.get(cluster.process(index).base_url + "/metrics", timeout=10).text
+    return next(
+        float(line.split()[1]) for line in text.splitlines() if line.startswith("ledger_fence_row_checks_total ")
+    )
+
+
 def test_a_killed_replicas_streams_are_continued_by_the_survivors(cluster: Cluster) -> None:
     streams = _start(cluster.url, 9)
     _wait(lambda: all(s.deltas >= 5 for s in streams), 60, "every stream to be generating")
+    # each replica streamed its own responses with one lock of its own row a commit
+    assert [_fence_row_checks(cluster, i) for i in range(3)] == [0, 0, 0]
     index, dead, owned = _victim(cluster, [str(s.response_id) for s in streams])
     cluster.process(index).kill()
     _join(streams)
+    # the survivors checked each log they took over row by row before appending to it
+    survivors = [i for i in range(3) if i != index]
+    assert sum(_fence_row_checks(cluster, i) for i in survivors) >= len(owned)
     for stream in streams:
         response = _completed(stream)
         assert response["status"] == "completed"
