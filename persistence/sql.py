@@ -757,7 +757,6 @@ class SqlStore:
         connection goes back to the pool)."""
         raw = (await conn.get_raw_connection()).driver_connection
         assert raw is not None  # a live pooled connection
-        earned: dict[str, int] = {}
         try:
             async with raw.transaction():
                 if unknown:
@@ -768,7 +767,7 @@ class SqlStore:
                 appended = list(
                     {w.response_id: None for w in batch if isinstance(w, _Append) and w.response_id not in created}
                 )
-                epochs = await self._fence(raw, appended, created, earned)
+                epochs, earned = await self._fence(raw, appended, created)
                 plan = self._last_plan = self._plan(batch, tails, epochs)
                 for statement, rows in plan.statements:
                     if statement.columns:
@@ -787,12 +786,12 @@ class SqlStore:
         return plan
 
     async def _fence(
-        self, raw: Any, appended: list[str], created: dict[str, str | None], earned: dict[str, int]
-    ) -> dict[str, int]:
+        self, raw: Any, appended: list[str], created: dict[str, str | None]
+    ) -> tuple[dict[str, int], dict[str, int]]:
         """The append fence, in the commit's transaction: each appended log's epoch, locked
         against a claim until this commits (a claim that comes after it sees these events; one
         before it fences them out). ``created``: the logs the commit creates, and their owners.
-        ``earned`` gets the ``_fenced_at`` entries the commit earns (kept once it commits).
+        Also the ``_fenced_at`` entries the commit earns (to keep once it commits).
 
         With a lease, the commit share-locks this replica's row first: a claim or delete of one
         of its responses bumps that row's ``fence`` in its own transaction, so it waits for this
@@ -800,8 +799,9 @@ class SqlStore:
         needs nothing more. Only the others (a log this store took over, a log after a claim or
         delete of any of its responses, every log without a lease) are read and locked row by
         row."""
+        earned: dict[str, int] = {}
         if not appended and not created:
-            return {}
+            return {}, earned
         me: str | None = None
         fence: int | None = None
         if self._replica is not None:
@@ -825,7 +825,7 @@ class SqlStore:
             epochs[rid] = 0
             if fence is not None and owner == me:
                 earned[rid] = fence
-        return epochs
+        return epochs, earned
 
     def _write_direct(
         self,
