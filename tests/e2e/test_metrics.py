@@ -14,7 +14,6 @@ import httpx
 import openai
 import pytest
 from openai import OpenAI
-from prometheus_client.parser import text_string_to_metric_families
 
 from app.encoding import load_encoding
 from app.engines.scripted import ScriptedEngine
@@ -23,6 +22,7 @@ from app.logs import JsonFormatter
 from app.settings import Settings
 from persistence.sql import open_store
 from tests.e2e.conftest import harmony
+from tests.support.metrics import samples
 from tests.support.server import RunningServer, serve
 
 MODEL = "gpt-oss-test"
@@ -46,12 +46,7 @@ class Ledger:
         r = httpx.get(self.url + "/metrics", headers=headers, timeout=30)
         assert r.status_code == 200, r.text
         assert r.headers["content-type"].startswith("text/plain")
-        samples: dict[str, float] = {}
-        for family in text_string_to_metric_families(r.text):
-            for s in family.samples:
-                labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
-                samples[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
-        return samples
+        return samples(r.text)
 
 
 async def _member_key(url: str) -> str:

@@ -24,6 +24,7 @@ import httpx
 import pytest
 
 from tests.support import haproxy
+from tests.support.metrics import samples
 from tests.support.postgres import unavailable as pg_unavailable
 from tests.support.replicas import (
     FAST_LEASES,
@@ -139,10 +140,8 @@ def _assert_taken_over(cluster: Cluster, response_id: str, dead: str) -> None:
 
 def _fence_row_checks(cluster: Cluster, index: int) -> float:
     """``ledger_fence_row_checks_total`` of replica ``index``."""
-    text = httpx.get(cluster.process(index).base_url + "/metrics", timeout=10).text
-    return next(
-        float(line.split()[1]) for line in text.splitlines() if line.startswith("ledger_fence_row_checks_total ")
-    )
+    scraped = samples(httpx.get(cluster.process(index).base_url + "/metrics", timeout=10).text)
+    return scraped["ledger_fence_row_checks_total"]
 
 
 def test_a_killed_replicas_streams_are_continued_by_the_survivors(cluster: Cluster) -> None:

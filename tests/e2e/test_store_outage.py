@@ -20,12 +20,12 @@ from typing import Any
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from app.encoding import load_encoding
 from app.engines.scripted import ScriptedEngine
 from app.settings import Settings
 from tests.e2e.conftest import harmony, sse_events
+from tests.support.metrics import samples
 from tests.support.server import RunningServer, serve
 from tests.support.sqlite_lock import SqliteLock
 
@@ -137,16 +137,11 @@ async def test_an_outage_ends_the_stream_with_an_error_and_the_log_is_closed_aft
         assert again.status_code == 200 and again.json()["status"] == "completed"
 
         # and the metrics tell it: failed and retried commits, the stopped run counted failed
-        scraped = (await client.get("/metrics")).text
-        samples = {
-            (s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(scraped)
-            for s in family.samples
-        }
-        assert samples[("ledger_store_errors_total", ())] >= 1
-        assert samples[("ledger_store_retries_total", ())] >= 1
-        assert samples[("ledger_store_writable", ())] == 1
-        assert samples[("ledger_responses_total", (("model", MODEL), ("status", "failed")))] == 1
+        scraped = samples((await client.get("/metrics")).text)
+        assert scraped["ledger_store_errors_total"] >= 1
+        assert scraped["ledger_store_retries_total"] >= 1
+        assert scraped["ledger_store_writable"] == 1
+        assert scraped[f'ledger_responses_total{{model="{MODEL}",status="failed"}}'] == 1
 
 
 class PanicException(BaseException):

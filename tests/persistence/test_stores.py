@@ -13,8 +13,8 @@ from sqlalchemy import text
 
 from persistence.errors import Fenced, NotFound
 from persistence.memory import MemoryStore
-from persistence.records import Replica
-from persistence.sql import open_store
+from persistence.records import NewResponse, Replica
+from persistence.sql import _OWN_FENCE, SqlStore, open_store
 from persistence.store import EventStore
 from tests.persistence.contract import EventStoreContract
 from tests.persistence.factories import completed, created, delta, new_response
@@ -75,6 +75,24 @@ async def test_a_claim_fences_out_the_old_owners_appends(clean_postgres_url: str
         await b.close()
 
 
+async def _leased(url: str, replica_id: str) -> SqlStore:
+    """A store holding ``replica_id``'s lease, as a server's does, after its first heartbeat
+    (its row in ``replicas``)."""
+    store = await open_store(url, commit_window_ms=1.0, migrate=False)
+    now = time.time()
+    store.lease(Replica(replica_id, "host", 1, now, now, now + 60), 60)
+    await store.probe()
+    return store
+
+
+async def _owned_log(store: SqlStore, owner: str) -> NewResponse:
+    """A response ``owner`` created through ``store``, its log begun."""
+    response = dataclasses.replace(new_response(), owner=owner)
+    await store.create_response(response)
+    await store.append(response.id, [created(response.id)], 0)
+    return response
+
+
 @pytest.mark.postgres
 async def test_a_leased_replica_fences_its_logs_by_its_own_row_and_still_loses_them(
     clean_postgres_url: str,
@@ -82,20 +100,10 @@ async def test_a_leased_replica_fences_its_logs_by_its_own_row_and_still_loses_t
     """With a lease, a commit checks a log's epoch row by row only once: then it locks its own
     replica row alone. A claim, an API delete or a delete by hand in SQL of one of its responses
     still stops its appends at once; after one, its other logs are checked row by row once more."""
-    a = await open_store(clean_postgres_url, commit_window_ms=1.0, migrate=False)
-    b = await open_store(clean_postgres_url, commit_window_ms=1.0, migrate=False)
-    now = time.time()
-    a.lease(Replica("rep_a", "host", 1, now, now, now + 60), 60)
-    b.lease(Replica("rep_b", "host", 2, now, now, now + 60), 60)
+    a = await _leased(clean_postgres_url, "rep_a")
+    b = await _leased(clean_postgres_url, "rep_b")
     try:
-        await a.probe()  # the heartbeat: rep_a's row
-        await b.probe()
-        claimed, kept, deleted, by_hand = (
-            dataclasses.replace(new_response(), owner="rep_a") for _ in range(4)
-        )
-        for response in (claimed, kept, deleted, by_hand):
-            await a.create_response(response)
-            await a.append(response.id, [created(response.id)], 0)
+        claimed, kept, deleted, by_hand = [await _owned_log(a, "rep_a") for _ in range(4)]
         for seq in (1, 2):
             for response in (claimed, kept, deleted, by_hand):
                 await a.append(response.id, [delta(seq)], seq)
@@ -134,15 +142,11 @@ async def test_a_replica_row_that_comes_back_does_not_vouch_for_logs_claimed_mea
 ) -> None:
     """A drain removes the replica's row; a claim then has no row to bump. If the row comes back
     (the next heartbeat), its fence must not match the value the replica knew its logs by."""
-    a = await open_store(clean_postgres_url, commit_window_ms=1.0, migrate=False)
+    a = await _leased(clean_postgres_url, "rep_a")
     b = await open_store(clean_postgres_url, commit_window_ms=1.0, migrate=False)
-    now = time.time()
-    a.lease(Replica("rep_a", "host", 1, now, now, now + 60), 60)
     try:
-        await a.probe()
-        response = dataclasses.replace(new_response(), owner="rep_a")
-        await a.create_response(response)
-        await a.append(response.id, [created(response.id), delta(1)], 0)
+        response = await _owned_log(a, "rep_a")
+        await a.append(response.id, [delta(1)], 1)
         await a.release("rep_a")
         assert await b.claim(response.id, "rep_a", "rep_b") == 1
         await a.probe()  # the row again, with a new fence
@@ -161,19 +165,14 @@ async def test_a_delete_by_hand_during_an_owners_commit_leaves_none_of_its_event
     touching the response's row. A ``DELETE FROM responses`` typed in psql meanwhile must wait
     for that commit (its trigger bumps the replica's fence before the row goes), so that the
     events the commit made go with the response instead of staying behind without it."""
-    a = await open_store(clean_postgres_url, commit_window_ms=1.0, migrate=False)
-    now = time.time()
-    a.lease(Replica("rep_a", "host", 1, now, now, now + 60), 60)
+    a = await _leased(clean_postgres_url, "rep_a")
     dsn = clean_postgres_url.replace("postgresql+asyncpg", "postgresql")
     owner, operator = await asyncpg.connect(dsn), await asyncpg.connect(dsn)
     try:
-        await a.probe()
-        response = dataclasses.replace(new_response(), owner="rep_a")
-        await a.create_response(response)
-        await a.append(response.id, [created(response.id)], 0)
+        response = await _owned_log(a, "rep_a")
         commit = owner.transaction()
         await commit.start()  # the owner's commit, as SqlStore._fence's shortcut makes it
-        await owner.fetchval("SELECT fence FROM replicas WHERE id = $1 FOR SHARE", "rep_a")
+        await owner.fetchval(_OWN_FENCE, "rep_a")
         await owner.execute(
             "INSERT INTO response_events (response_id, seq, type, payload, recorded_at)"
             " VALUES ($1, 1, 'response.output_text.delta', '{}', 0)",
