@@ -13,8 +13,10 @@ deleted (the item stays in the log; the views and reads leave it out from then o
 Storage choices:
 
 - ``response_events`` is keyed by ``(response_id, seq)``: the key both orders a log and makes
-  two writers of the same ``seq`` collide. On SQLite the table is ``WITHOUT ROWID`` so the key
-  is the table (one B-tree, the response id is stored once per event, not twice).
+  two writers of the same ``seq`` collide. The rows are stored in the order they are appended
+  and the key is an index, on both databases (SQLite's table was ``WITHOUT ROWID``, the key the
+  table, until migration 0010: a commit appending to hundreds of logs then rewrote hundreds of
+  full pages of events; now only the small index entries are scattered).
 - Payloads are JSON text on SQLite (readable with ``sqlite3``, queried with ``json_extract``)
   and JSONB on PostgreSQL (queried with ``->>``).
 - Times written by the store (``recorded_at``) are unix seconds as a double: one type on both
@@ -126,7 +128,6 @@ response_events = Table(
         ondelete="CASCADE",
         info={DIALECTS: ("sqlite",)},
     ).ddl_if(dialect="sqlite"),
-    sqlite_with_rowid=False,
 )
 
 response_input_items = Table(

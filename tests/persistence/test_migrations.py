@@ -259,3 +259,72 @@ async def test_items_stored_before_the_item_index_are_found(empty_url: str) -> N
         assert await store.find_items(["msg_in"], project="default") == {}
     finally:
         await store.close()
+
+
+def _events_table(path: str) -> tuple[str, list[tuple[object, ...]], set[str]]:
+    """SQLite: response_events' DDL, its rows in log order, and its triggers."""
+    connection = sqlite3.connect(path)
+    try:
+        ddl = connection.execute(
+            "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'response_events'"
+        ).fetchone()[0]
+        rows = connection.execute("SELECT * FROM response_events ORDER BY response_id, seq").fetchall()
+        triggers = {
+            name
+            for (name,) in connection.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'trigger' AND tbl_name = 'response_events'"
+            )
+        }
+    finally:
+        connection.close()
+    return ddl, rows, triggers
+
+
+async def test_sqlite_events_become_a_rowid_table_with_every_row_and_rule_kept(tmp_path: Path) -> None:
+    url = f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}"
+    path = str(tmp_path / "ledger.db")
+    await migrate.upgrade_async(url, "0009")
+    for rid in ("resp_b", "resp_a"):
+        await _execute(
+            url,
+            "INSERT INTO responses (id, model, status, created_at, background, request, project) "
+            f"VALUES ('{rid}', 'gpt-oss-20b', 'completed', 1, false, '{{}}', 'default')",
+        )
+    # interleaved, as live logs are written
+    for seq in range(3):
+        tokens = "NULL" if seq else "x'2a000000'"  # token 42, on each log's first write
+        for rid in ("resp_b", "resp_a"):
+            await _execute(
+                url,
+                "INSERT INTO response_events (response_id, seq, type, payload, recorded_at, token_ids) "
+                f"VALUES ('{rid}', {seq}, 'response.output_text.delta', '{{\"seq\": {seq}}}', {seq}.5, {tokens})",
+            )
+    ddl, rows, triggers = _events_table(path)
+    assert ddl.rstrip().endswith("WITHOUT ROWID") and len(rows) == 6
+
+    await migrate.upgrade_async(url)
+    await migrate.check_async(url)
+    new_ddl, new_rows, new_triggers = _events_table(path)
+    assert "WITHOUT ROWID" not in new_ddl
+    assert new_rows == rows
+    assert new_triggers == triggers == {"response_events_no_update", "response_events_no_delete"}
+    store = await open_store(url, migrate=False)
+    try:
+        assert [e.seq for e in await store.load("resp_a")] == [0, 1, 2]
+        assert await store.output_tokens("resp_a") == [42]
+    finally:
+        await store.close()
+    # the rules still hold: append-only, and a response's events go with it
+    for refused in (
+        "UPDATE response_events SET seq = 9",
+        "DELETE FROM response_events WHERE response_id = 'resp_a'",
+    ):
+        with pytest.raises(sqlite3.IntegrityError, match="append-only"):
+            await _execute(url, refused)
+    await _execute(url, "DELETE FROM responses WHERE id = 'resp_b'")
+    assert [r[:2] for r in _events_table(path)[1]] == [("resp_a", 0), ("resp_a", 1), ("resp_a", 2)]
+
+    await migrate.downgrade_async(url, "0009")
+    old_ddl, old_rows, old_triggers = _events_table(path)
+    assert old_ddl.rstrip().endswith("WITHOUT ROWID")
+    assert (old_rows, old_triggers) == ([r for r in rows if r[0] == "resp_a"], triggers)
