@@ -15,18 +15,27 @@ Two settings of its own, for many logs written at once: a commit of 256 paced st
 one event to each of 256 logs, each on a page of its own, so every commit dirties hundreds of
 pages. With SQLite's defaults (a 2 MiB page cache; a checkpoint once the WAL holds 1,000 pages,
 here every second or third commit) those pages were read back and copied into the database file
-again and again. A 64 MiB cache (``_CACHE_KIB``) and a checkpoint every 10,000 pages
-(``_CHECKPOINT_PAGES``, a WAL of about 40 MB) share that work between many commits: at 256
+again and again. A 64 MiB cache (``_CACHE_KIB``) and a checkpoint every 10,000 pages (then; now
+every ``CHECKPOINT_INTERVAL_S``, see below: a WAL of about 40 MB) share that work between many commits: at 256
 paced streams (bench/RESULTS.md, "one row lock a commit"), 42.8 -> 38.2-38.5 µs of server CPU a
 token, p50 19.4-19.9 -> 7.1 ms, p99 68-89 -> 33-43 ms. Either one alone did much less. Durability
 is the same (``synchronous`` still syncs the WAL at every commit).
+
+The checkpoint itself runs off the commit path: on its own connection and thread, a ``PASSIVE``
+checkpoint (it waits for no reader or writer) at most every ``CHECKPOINT_INTERVAL_S`` while
+commits come, started after a commit and never awaited by one. In the commit that crossed the
+limit, a checkpoint of 10,000 pages stalled every stream waiting for that commit. The writer
+connection keeps an automatic checkpoint only as a backstop, at ``_BACKSTOP_PAGES``, should the
+checkpointer fall behind or fail (a failure is logged once, and retried with the next commit).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import sqlite3
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -34,13 +43,18 @@ from typing import TypeVar
 
 from persistence.database import Synchronous
 
-__all__ = ["SqliteWriter"]
+__all__ = ["CHECKPOINT_INTERVAL_S", "SqliteWriter"]
 
 T = TypeVar("T")
 
-# The writer connection's page cache (KiB) and WAL size (pages) at which it checkpoints.
+log = logging.getLogger(__name__)
+
+# The writer connection's page cache (KiB).
 _CACHE_KIB = 65_536
-_CHECKPOINT_PAGES = 10_000
+#: The shortest time between two checkpoints: at 256 paced streams about 10,000 WAL pages.
+CHECKPOINT_INTERVAL_S = 0.5
+# The WAL size (pages) at which the writer checkpoints in its own commit: the backstop only.
+_BACKSTOP_PAGES = 100_000
 
 
 class SqliteWriter:
@@ -53,15 +67,57 @@ class SqliteWriter:
             f"PRAGMA synchronous = {synchronous}",
             "PRAGMA foreign_keys = ON",
             f"PRAGMA cache_size = -{_CACHE_KIB}",
-            f"PRAGMA wal_autocheckpoint = {_CHECKPOINT_PAGES}",
+            f"PRAGMA wal_autocheckpoint = {_BACKSTOP_PAGES}",
         )
+        self._busy_timeout_ms = int(busy_timeout_ms)
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-writer")
         self._conn: sqlite3.Connection | None = None
+        self._checkpoint_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-checkpoint")
+        self._checkpoint_conn: sqlite3.Connection | None = None
+        self._checkpoint: asyncio.Future[None] | None = None
+        self._last_checkpoint = time.monotonic()
+        self._checkpoint_failed = False
+        #: Checkpoints run by the checkpointer (not the backstop), since opening.
+        self.checkpoints = 0
 
     async def transaction(self, work: Callable[[sqlite3.Connection], T]) -> T:
         """Run ``work(connection)`` in one ``BEGIN IMMEDIATE`` ... ``COMMIT`` on the writer
         thread; roll back and re-raise if it (or the commit) raises."""
-        return await asyncio.get_running_loop().run_in_executor(self._thread, self._run, work)
+        loop = asyncio.get_running_loop()
+        result = await loop.run_in_executor(self._thread, self._run, work)
+        now = time.monotonic()
+        if self._checkpoint is None and now - self._last_checkpoint >= CHECKPOINT_INTERVAL_S:
+            self._last_checkpoint = now
+            self._checkpoint = loop.run_in_executor(self._checkpoint_thread, self._run_checkpoint)
+            self._checkpoint.add_done_callback(self._checkpoint_done)
+        return result
+
+    def _run_checkpoint(self) -> None:
+        conn = self._checkpoint_conn
+        if conn is None:
+            conn = self._checkpoint_conn = sqlite3.connect(
+                self._path, isolation_level=None, check_same_thread=False
+            )
+            conn.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms}")
+        try:
+            conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+        except sqlite3.Error:
+            self._checkpoint_conn = None
+            with contextlib.suppress(sqlite3.Error):
+                conn.close()
+            raise
+
+    def _checkpoint_done(self, future: asyncio.Future[None]) -> None:
+        self._checkpoint = None
+        if future.cancelled():
+            return
+        error = future.exception()
+        if error is None:
+            self.checkpoints += 1
+            self._checkpoint_failed = False
+        elif not self._checkpoint_failed:  # (a full or read-only disk fails every one)
+            self._checkpoint_failed = True
+            log.warning("SQLite checkpoint failed (%s); retried after the next commits", error)
 
     def _run(self, work: Callable[[sqlite3.Connection], T]) -> T:
         conn = self._conn
@@ -103,7 +159,18 @@ class SqliteWriter:
                 self._conn.close()
                 self._conn = None
 
+        def close_checkpointer() -> None:
+            if self._checkpoint_conn is not None:
+                self._checkpoint_conn.close()
+                self._checkpoint_conn = None
+
+        loop = asyncio.get_running_loop()
         try:
-            await asyncio.get_running_loop().run_in_executor(self._thread, close)
+            if self._checkpoint is not None:
+                with contextlib.suppress(Exception):
+                    await self._checkpoint
+            await loop.run_in_executor(self._checkpoint_thread, close_checkpointer)
+            await loop.run_in_executor(self._thread, close)
         finally:
+            self._checkpoint_thread.shutdown(wait=True)
             self._thread.shutdown(wait=True)

@@ -1,0 +1,112 @@
+"""The SQLite writer's checkpoints: off the commit path, on their own connection and thread."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sqlite3
+import threading
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from persistence import sqlite_writer
+from persistence.sqlite_writer import SqliteWriter
+
+
+@pytest.fixture
+async def writer(migrated_sqlite_url: str) -> AsyncIterator[SqliteWriter]:
+    the_writer = SqliteWriter(_path(migrated_sqlite_url), synchronous="FULL", busy_timeout_ms=5000)
+    try:
+        yield the_writer
+    finally:
+        await the_writer.close()
+
+
+def _path(url: str) -> Path:
+    return Path(url.split("///", 1)[1])
+
+
+async def _put(writer: SqliteWriter, name: str) -> None:
+    def work(conn: sqlite3.Connection) -> None:
+        conn.execute("INSERT INTO server_secrets (name, value, created_at) VALUES (?, x'00', 0)", (name,))
+
+    await writer.transaction(work)
+
+
+def _in_database_file(path: Path) -> list[str]:
+    """The names in the database file itself, without its WAL: what checkpoints copied there."""
+    connection = sqlite3.connect(f"file:{path}?immutable=1", uri=True)
+    try:
+        return [name for (name,) in connection.execute("SELECT name FROM server_secrets ORDER BY name")]
+    finally:
+        connection.close()
+
+
+async def _until(condition: object, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.01)
+
+
+async def test_commits_are_checkpointed_by_the_checkpointer(
+    writer: SqliteWriter, migrated_sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = _path(migrated_sqlite_url)
+    monkeypatch.setattr(sqlite_writer, "CHECKPOINT_INTERVAL_S", 3600.0)
+    await _put(writer, "a")
+    assert _in_database_file(path) == []  # in the WAL only: no checkpoint in the commit
+    monkeypatch.setattr(sqlite_writer, "CHECKPOINT_INTERVAL_S", 0.0)
+    await _put(writer, "b")
+    await _until(lambda: writer.checkpoints == 1)
+    assert _in_database_file(path) == ["a", "b"]
+
+
+async def test_a_commit_never_waits_for_a_checkpoint(
+    writer: SqliteWriter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sqlite_writer, "CHECKPOINT_INTERVAL_S", 0.0)
+    started, release = threading.Event(), threading.Event()
+    checkpoint = SqliteWriter._run_checkpoint
+
+    def slow_checkpoint(self: SqliteWriter) -> None:
+        started.set()
+        release.wait(10)
+        checkpoint(self)
+
+    monkeypatch.setattr(SqliteWriter, "_run_checkpoint", slow_checkpoint)
+    await _put(writer, "first")  # starts a checkpoint, which hangs
+    assert await asyncio.to_thread(started.wait, 5)
+    try:
+        async with asyncio.timeout(5):
+            for i in range(5):
+                await _put(writer, f"while-{i}")
+        assert writer.checkpoints == 0  # still the one hanging; no second one started
+    finally:
+        release.set()
+    await _until(lambda: writer.checkpoints == 1)
+
+
+async def test_a_failing_checkpoint_is_logged_once_and_the_commits_go_on(
+    writer: SqliteWriter, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(sqlite_writer, "CHECKPOINT_INTERVAL_S", 0.0)
+    attempts = []
+
+    def failing(self: SqliteWriter) -> None:
+        attempts.append(1)
+        raise sqlite3.OperationalError("disk I/O error")
+
+    monkeypatch.setattr(SqliteWriter, "_run_checkpoint", failing)
+    with caplog.at_level(logging.WARNING, logger="persistence.sqlite_writer"):
+        for i in range(4):
+            await _put(writer, f"n{i}")
+            await _until(lambda: writer._checkpoint is None)
+    assert len(attempts) == 4  # retried with each commit
+    assert [r.getMessage() for r in caplog.records] == [
+        "SQLite checkpoint failed (disk I/O error); retried after the next commits"
+    ]
+    assert writer.checkpoints == 0
