@@ -55,6 +55,19 @@ class RowUpdate:
     error_code: str | None
     incomplete_reason: str | None
 
+    def values(self) -> tuple[Any, ...]:
+        """The columns' values in field order (``dataclasses.astuple`` deep-copies each one:
+        5.4 µs against 0.08, twice a response)."""
+        return (
+            self.status,
+            self.completed_at,
+            self.input_tokens,
+            self.output_tokens,
+            self.reasoning_tokens,
+            self.error_code,
+            self.incomplete_reason,
+        )
+
 
 def initial_status(background: bool) -> str:
     """The row's status before the first lifecycle event is appended."""

@@ -492,7 +492,7 @@ class SqlStore:
             expected_seq,
             rows,
             events[-1].type in TERMINAL_EVENT_TYPES,
-            None if update is None else (*dataclasses.astuple(update), response_id),
+            None if update is None else (*update.values(), response_id),
             outcome,
             index,
         )

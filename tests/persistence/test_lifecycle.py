@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import dataclasses
+
 from persistence.lifecycle import RowUpdate, row_update
 from persistence.records import StoredEvent
 from tests.persistence.factories import completed, created, delta, failed, incomplete
@@ -50,3 +52,9 @@ def test_malformed_snapshots_do_not_raise() -> None:
         "in_progress", None, None, None, None, None, None
     )
     assert row_update(StoredEvent(1, "response.in_progress", {"response": None})) is None
+
+
+def test_values_are_the_columns_in_the_update_statements_order() -> None:
+    update = RowUpdate("failed", 7, 1, 2, 3, "server_error", None)
+    assert update.values() == dataclasses.astuple(update)
+    assert len(update.values()) == len(dataclasses.fields(RowUpdate))
