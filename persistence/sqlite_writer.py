@@ -15,9 +15,9 @@ Two settings of its own, for many logs written at once: a commit of 256 paced st
 one event to each of 256 logs, each on a page of its own, so every commit dirties hundreds of
 pages. With SQLite's defaults (a 2 MiB page cache; a checkpoint once the WAL holds 1,000 pages,
 here every second or third commit) those pages were read back and copied into the database file
-again and again. A 64 MiB cache (``_CACHE_KIB``) and a checkpoint every 10,000 pages (then; now
-every ``CHECKPOINT_INTERVAL_S``, see below: a WAL of about 40 MB) share that work between many commits: at 256
-paced streams (bench/RESULTS.md, "one row lock a commit"), 42.8 -> 38.2-38.5 µs of server CPU a
+again and again. A 64 MiB cache (``_CACHE_KIB``) and a checkpoint every 10,000 pages (a WAL of
+about 40 MB; now every ``CHECKPOINT_INTERVAL_S``, see below) share that work between many
+commits: at 256 paced streams (bench/RESULTS.md, "one row lock a commit"), 42.8 -> 38.2-38.5 µs of server CPU a
 token, p50 19.4-19.9 -> 7.1 ms, p99 68-89 -> 33-43 ms. Either one alone did much less. Durability
 is the same (``synchronous`` still syncs the WAL at every commit).
 
@@ -69,7 +69,6 @@ class SqliteWriter:
             f"PRAGMA cache_size = -{_CACHE_KIB}",
             f"PRAGMA wal_autocheckpoint = {_BACKSTOP_PAGES}",
         )
-        self._busy_timeout_ms = int(busy_timeout_ms)
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-writer")
         self._conn: sqlite3.Connection | None = None
         self._checkpoint_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-checkpoint")
@@ -98,7 +97,8 @@ class SqliteWriter:
             conn = self._checkpoint_conn = sqlite3.connect(
                 self._path, isolation_level=None, check_same_thread=False
             )
-            conn.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms}")
+            for pragma in self._pragmas[:2]:  # busy_timeout, synchronous: as the writer's
+                conn.execute(pragma)
         try:
             conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
         except sqlite3.Error:
