@@ -27,7 +27,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from app.leases import live_ids
@@ -74,14 +74,17 @@ class Repairs:
         lease_s: float = 3.0,
         heartbeat_s: float = 1.0,
         take_over: Callable[[str, str | None, str], Awaitable[bool]] | None = None,
+        on_replicas: Callable[[Sequence[str]], None] | None = None,
     ) -> None:
         """``replica``: this process's identity (``app.leases``); with it the loop renews its
         lease every ``heartbeat_s`` and sweeps every ``lease_s`` for orphaned responses (whose
         owner is not alive), and recovery touches nothing a live replica owns. Without it
         (tests of the loop alone) recovery closes every unfinished response not live here.
         ``take_over(response_id, owner, why)``: what is done with an orphan instead of closing
-        it (``app.takeover``: claim it, continue it or close it)."""
+        it (``app.takeover``: claim it, continue it or close it). ``on_replicas(ids)``: told
+        the live replicas (this one among them) that every sweep finds."""
         self._take_over = take_over
+        self._on_replicas = on_replicas
         self._store = store
         self._interval_s = interval_s
         self._new_id = new_id
@@ -127,6 +130,8 @@ class Repairs:
         owners: list[str] | None = None
         if self._replica is not None:
             owners = live_ids(await self._store.replicas(), self._replica, time.time())
+            if self._on_replicas is not None:
+                self._on_replicas(owners)
         for response_id in await self._store.unfinished(owned_by_others_than=owners):
             if self._is_live(response_id) or response_id in self._stranded:
                 continue
@@ -156,7 +161,8 @@ class Repairs:
         self._wake.set()
 
     def sweep_now(self) -> None:
-        """Sweep for orphans at once (a replica released its lease: its responses wait)."""
+        """Sweep for orphans at once (a replica released its lease: its responses wait; or one
+        started: this replica learns it is not alone)."""
         self._last_sweep = float("-inf")
         self._wake.set()
 

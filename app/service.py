@@ -137,6 +137,7 @@ class ResponseService:
             lease_s=settings.lease_s,
             heartbeat_s=settings.heartbeat_s,
             take_over=self.takeovers.take,
+            on_replicas=self._replicas_seen,
         )
         #: Cancels asked through other replicas of responses generated here (``app.remote_cancel``).
         self.remote_cancels = RemoteCancels(store, self.doorbell, self.replica.id, self._cancel_here)
@@ -905,6 +906,11 @@ class ResponseService:
         self.remote_cancels.start()
         if self._replicas_task is None:
             self._replicas_task = asyncio.create_task(self._watch_replicas(), name="app.replicas")
+
+    def _replicas_seen(self, live: Sequence[str]) -> None:
+        """A sweep's live replicas: alone, this replica's commits ring no other process (a
+        replica that starts rings ``REPLICAS``, so this one sweeps and knows at once)."""
+        self.doorbell.alone = all(replica == self.replica.id for replica in live)
 
     async def _watch_replicas(self) -> None:
         with self.doorbell.listen(REPLICAS_CHANNEL) as bell:

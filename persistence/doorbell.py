@@ -23,6 +23,10 @@ process, one listening and one sending:
   (``SELECT pg_notify(c, '') FROM unnest($1::text[]) c``); rings made while a send is in flight
   wait for the next one, so under load a send carries more channels instead of there being
   more sends.
+- A replica that knows it is alone (``alone``: its sweeps find no other live replica; a replica
+  that starts rings ``REPLICAS`` so the others sweep at once) sends nothing for a commit's
+  logs (``ring_all``): no other process could hear them. It wakes its own listeners of those
+  channels in process instead. ``ring`` (a cancel, a delete, a lease) always goes out.
 - Listening is ref-counted: the listeners of one channel share one ``LISTEN``, and the last to
   close ``UNLISTEN``s it. ``listen()`` returns at once; the ``LISTEN`` is made in the
   background, and once it is in effect every listener that was waiting for it is woken once,
@@ -151,10 +155,16 @@ class Listener:
 class Doorbell(Protocol):
     """What the store and the service use; ``PgDoorbell`` and ``LocalDoorbell`` keep it."""
 
+    #: No other replica is alive, as this one last saw (its repair loop's sweeps, and a
+    #: ``REPLICAS`` ring from a replica that starts or leaves): then a commit's rings
+    #: (``ring_all``) wake this process's listeners only. False until known.
+    alone: bool
+
     def ring(self, channel: str) -> None: ...
 
     def ring_all(self, channels: Iterable[str]) -> None:
-        """``ring`` each of ``channels`` (a commit's logs: one call a commit, not one a log)."""
+        """``ring`` each of ``channels`` (a commit's logs: one call a commit, not one a log);
+        while ``alone``, for this process's listeners only."""
         ...
 
     def listen(self, channel: str) -> Listener: ...
@@ -259,6 +269,7 @@ class LocalDoorbell:
         self._pending: set[str] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._scheduled = False
+        self.alone = True  # (nobody outside this process hears it anyway)
 
     @property
     def connected(self) -> bool:
@@ -330,6 +341,10 @@ class PgDoorbell:
         self._active: set[str] = set()  # LISTENed on the current listening connection
         self._listen_connection: Any = None
         self._listen_lock = asyncio.Lock()  # asyncpg runs one operation at a time
+        # while alone: rings for this process's listeners, woken on the next loop turn
+        self.alone = False
+        self._here: set[str] = set()
+        self._here_scheduled = False
 
     @property
     def connected(self) -> bool:
@@ -369,9 +384,31 @@ class PgDoorbell:
         self._connected = False
 
     def ring(self, channel: str) -> None:
-        self.ring_all((channel,))
+        self._send((channel,))
 
     def ring_all(self, channels: Iterable[str]) -> None:
+        if not self.alone:
+            self._send(channels)
+            return
+        if not self._started or self._closed:
+            return
+        # No other replica to hear them (sending them cost 2 us of CPU a paced token here and
+        # 0.5 in the database, bench/RESULTS.md): only this process's followers, if any.
+        listened = self._listeners.by_channel
+        heard = [c for c in channels if c in listened]
+        if heard:
+            self._here.update(heard)
+            if not self._here_scheduled:
+                self._here_scheduled = True
+                asyncio.get_running_loop().call_soon(self._wake_here)
+
+    def _wake_here(self) -> None:
+        self._here_scheduled = False
+        channels, self._here = self._here, set()
+        for channel in channels:
+            self._listeners.wake(channel)
+
+    def _send(self, channels: Iterable[str]) -> None:
         if not self._started or self._closed:
             return
         pending, allowed = self._pending, self._rejections.allowed

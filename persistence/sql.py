@@ -366,6 +366,8 @@ class SqlStore:
         self._fenced_at: dict[str, int] = {}
         #: Logs whose epoch a commit checked row by row (the fence's slow path), since opening.
         self.fence_row_checks = 0
+        # Whether this lease's first heartbeat rang ``REPLICAS`` (see ``probe``).
+        self._announced = False
         #: Rung (``persistence.doorbell``) for every response whose events a commit made durable,
         #: after the commit, so followers on other replicas read them at once.
         self.doorbell: Doorbell | None = None
@@ -595,6 +597,11 @@ class SqlStore:
                 await self._reader.dispose()
                 await self._writer.dispose()
             return
+        if self._replica is not None and not self._announced and self.doorbell is not None:
+            # the lease's first row: the other replicas sweep at once and learn of this one
+            # (one that thought itself alone rings its commits for other processes again)
+            self._announced = True
+            self.doorbell.ring(REPLICAS_CHANNEL)
         if self._reopen_reader is not None:  # writable again: read what gets written now
             snapshot, self._reader = self._reader, self._reopen_reader()
             self._reopen_reader = None
@@ -1168,6 +1175,7 @@ class SqlStore:
     def lease(self, replica: Replica, lease_s: float) -> None:
         """From now on ``probe`` renews ``replica``'s lease for ``lease_s`` (the heartbeat)."""
         self._replica = (replica, lease_s)
+        self._announced = False
 
     async def replicas(self) -> list[Replica]:
         """Every replica row, expired or not."""

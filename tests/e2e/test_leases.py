@@ -4,10 +4,12 @@ survivor's sweep; a second server on one SQLite file is refused with a message t
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from pathlib import Path
 
+import asyncpg
 import httpx
 import pytest
 
@@ -104,6 +106,45 @@ def test_a_server_starting_beside_a_streaming_one_fails_none_of_its_responses(
         assert time.monotonic() < deadline
         time.sleep(0.2)
     assert [_status(b.base_url, rid)["status"] for rid in ids] == ["completed"] * 6
+
+
+def _rings_heard(pg_url: str, base_url: str) -> int:
+    """How many notifications another session hears on the channel of a response that the
+    server at ``base_url`` generates, from just after it starts to its end."""
+
+    async def listen() -> int:
+        heard = 0
+
+        def count(*_: object) -> None:
+            nonlocal heard
+            heard += 1
+
+        raw = await asyncpg.connect(pg_url.replace("postgresql+asyncpg", "postgresql"))
+        try:
+            rid = await asyncio.to_thread(_background, base_url)
+            await raw.add_listener(rid, count)
+            while (await asyncio.to_thread(_status, base_url, rid))["status"] != "completed":
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.2)  # the last commit's ring, if any, has arrived
+        finally:
+            await raw.close()
+        return heard
+
+    return asyncio.run(listen())
+
+
+@pytest.mark.postgres
+def test_a_lone_replica_rings_no_other_process_until_another_starts(
+    tmp_path: Path, pg_url: str, processes: list[ServerProcess]
+) -> None:
+    """Alone, nobody could hear a commit's rings, so none are sent; the moment a second replica
+    starts (it rings ``REPLICAS``, the first sweeps), its followers need them, and they are."""
+    a = ServerProcess(tmp_path, "a", pg_url, {"turns": [SLOW] * 2}, env=FAST_LEASES)
+    processes.append(a)
+    assert _rings_heard(pg_url, a.base_url) == 0
+    b = ServerProcess(tmp_path, "b", pg_url, {"turns": []}, env=FAST_LEASES)
+    processes.append(b)
+    assert _rings_heard(pg_url, a.base_url) > 20  # a commit every 15 ms token or so, each rung
 
 
 @pytest.mark.postgres

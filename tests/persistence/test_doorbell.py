@@ -248,6 +248,44 @@ async def test_ring_all_on_one_replica_wakes_listeners_on_another(start_pg: Star
 
 
 @pytest.mark.postgres
+async def test_alone_a_commits_rings_wake_this_process_only_and_a_plain_ring_still_goes_out(
+    pg_dsn: str, start_pg: Start
+) -> None:
+    """A replica that knows no other is alive sends nothing for its commits' logs (nobody else
+    could hear it), yet its own followers wake; ``ring`` (a cancel, a delete, a lease) always
+    goes out. Another session LISTENs to every channel to see what reaches the database."""
+    owner = await start_pg("alone")
+    local_channel, quiet, sentinel = _channel(), _channel(), _channel()
+    local = await _listening(owner, local_channel)
+    heard: list[str] = []
+    arrived = asyncio.Event()
+
+    def hear(_connection: object, _pid: int, channel: str, _payload: str) -> None:
+        heard.append(channel)
+        if channel == sentinel:
+            arrived.set()
+
+    raw = await asyncpg.connect(pg_dsn)
+    try:
+        for name in (local_channel, quiet, sentinel):
+            await raw.add_listener(name, hear)
+        owner.alone = True
+        owner.ring_all([local_channel, quiet])
+        assert await local.wait(_SOON)  # this process's follower woke
+        assert not await local.wait(0)
+        owner.ring(sentinel)  # sent; notifications arrive in order, so anything before it is in
+        await asyncio.wait_for(arrived.wait(), _SOON)
+        assert heard == [sentinel]
+
+        owner.alone = False  # another replica appeared: the commits' rings go out again
+        owner.ring_all([quiet])
+        await _eventually(lambda: quiet in heard, "the commit's ring")
+        assert heard == [sentinel, quiet]
+    finally:
+        await raw.close()
+
+
+@pytest.mark.postgres
 async def test_a_ring_just_before_close_is_still_sent(pg_dsn: str, start_pg: Start) -> None:
     """A replica's last ring (releasing its lease) must not be lost to its own shutdown."""
     replica = await start_pg()
