@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -378,9 +379,19 @@ def degraded_start(disk: Tmpfs, workdir: Path, mode: str) -> Degraded:
                 break
             time.sleep(0.05)
         first.kill()
+    # Full: SQLite writes a checkpointed WAL again from its start, in the file's own space, so a
+    # full disk still takes small commits while the WAL has such room (and then the database is
+    # writable, and served as such). Full here means no room there either: the WAL is emptied
+    # into the database file (nothing is lost) and truncated before the disk fills. That
+    # connection stays open to the end, as the killed process's would have: the last one to
+    # close removes the -wal and -shm files, which a process starting on a full disk could not
+    # make again.
+    holder: sqlite3.Connection | None = None
     if mode == "readonly":
         disk.readonly()
     else:
+        holder = sqlite3.connect(disk.path / "responses.db")
+        assert holder.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0] == 0
         disk.fill()
     mended = False
     try:
@@ -424,6 +435,8 @@ def degraded_start(disk: Tmpfs, workdir: Path, mode: str) -> Degraded:
                 disk.writable()
             else:
                 disk.free()
+        if holder is not None:
+            holder.close()
     return result
 
 
