@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import random
 import re
 import resource
 import sys
@@ -429,7 +430,11 @@ async def _latency(config: LoadConfig, readers: list[StreamReader]) -> dict:
     latencies = array("q")
     samples_src: list[tuple[int, int, int, int]] = []
     missing = unmatched = 0
-    every = max(1, sum(r.deltas for _, r, _ in wanted) // max(1, config.samples))
+    # Up to ``samples`` deltas drawn uniformly (seeded) from all of them: a stride of every N-th
+    # delta of each stream kept only each stream's first once N exceeded a stream's length.
+    total = sum(r.deltas for _, r, _ in wanted)
+    chosen = set(random.Random(0).sample(range(total), min(max(0, config.samples), total)))
+    position = 0
     for index, reader, path in wanted:
         try:
             yields = token_times.read(path)
@@ -444,8 +449,9 @@ async def _latency(config: LoadConfig, readers: list[StreamReader]) -> dict:
             while ordinal < stop:
                 y = yields[ordinal + offset]
                 latencies.append(read_ns - y)
-                if ordinal % every == 0:
+                if position in chosen:
                     samples_src.append((index, ordinal, read_ns, y))
+                position += 1
                 ordinal += 1
             ordinal = max(ordinal, upto)
     summary = _summary_ms(latencies)
@@ -456,10 +462,9 @@ async def _latency(config: LoadConfig, readers: list[StreamReader]) -> dict:
             "negative": sum(1 for v in latencies if v < 0),
         }
     )
-    step = max(1, len(samples_src) // max(1, config.samples))
     samples = [
         {"stream": i, "delta": o, "read_ns": r, "yield_ns": y, "ms": (r - y) / 1e6}
-        for i, o, r, y in samples_src[::step]
+        for i, o, r, y in samples_src
     ]
     return {"latency_ms": summary, "latency_samples": samples}
 

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+from array import array
 
 import pytest
 
-from bench.loadgen import StreamReader
+from bench import token_times
+from bench.loadgen import LoadConfig, StreamReader, _latency
 from bench.naive import _events
 
 HEAD = (
@@ -163,3 +165,28 @@ def test_stagger_without_a_paced_engine_is_refused(capsys):
         main(["run", "--stagger", "--target", "naive"])
     assert exit_info.value.code == 2
     assert "--stagger needs --token-delay-ms" in capsys.readouterr().err
+
+
+def test_latency_samples_come_from_all_of_the_streams_deltas(tmp_path):
+    """Each of 10 streams reads its 30 deltas one per read, 1 ms after the token's (recorded)
+    yield plus its ordinal in µs; the samples are drawn from every position, not only the
+    streams' first deltas (a stride longer than a stream used to keep nothing else)."""
+    readers = []
+    for _ in range(10):
+        reader = StreamReader(None)
+        reader.feed(chunked(naive_frames(30)), now=0)  # one read: parsed, times set below
+        assert reader.response_id and reader.deltas == 30
+        reader.batch_ns = array("q", [10_000_000 + i * 1_000_000 + 1_000_000 + i * 1_000 for i in range(30)])
+        reader.batch_deltas = array("q", range(1, 31))
+        token_times.write(tmp_path, reader.response_id, [10_000_000 + i * 1_000_000 for i in range(30)])
+        readers.append(reader)
+    config = LoadConfig(url="http://x/v1/responses", body=b"{}", token_times_dir=tmp_path, samples=6)
+
+    report = asyncio.run(_latency(config, readers))
+
+    assert report["latency_ms"]["n"] == 300
+    samples = report["latency_samples"]
+    assert len(samples) == 6
+    assert len({s["delta"] for s in samples}) > 1
+    for s in samples:
+        assert s["ms"] == pytest.approx(1 + s["delta"] / 1000)
