@@ -213,6 +213,8 @@ class _Listeners:
 
     def __init__(self) -> None:
         self.by_channel: dict[str, set[Listener]] = {}
+        self._soon: set[str] = set()
+        self._scheduled = False
 
     def add(self, listener: Listener) -> bool:
         """Register ``listener``; True if its channel had no listener before."""
@@ -240,6 +242,27 @@ class _Listeners:
             for listener in group:
                 listener._wake()
 
+    def wake_soon(self, channels: Iterable[str]) -> None:
+        """Wake the listeners of ``channels`` in this process on the next loop turn, once per
+        channel however often it is rung meanwhile (a channel nobody here listens to: nothing)."""
+        listened = self.by_channel
+        heard = [c for c in channels if c in listened]
+        if heard:
+            self._soon.update(heard)
+            if not self._scheduled:
+                self._scheduled = True
+                asyncio.get_running_loop().call_soon(self._wake_soon)
+
+    def forget_soon(self) -> None:
+        """Drop the wakes not delivered yet (the doorbell closed)."""
+        self._soon.clear()
+
+    def _wake_soon(self) -> None:
+        self._scheduled = False
+        channels, self._soon = self._soon, set()
+        for channel in channels:
+            self.wake(channel)
+
 
 class _Rejections:
     """Refused ring names, logged once per doorbell (a bug in the caller, not an outage)."""
@@ -266,9 +289,7 @@ class LocalDoorbell:
     def __init__(self) -> None:
         self._listeners = _Listeners()
         self._rejections = _Rejections()
-        self._pending: set[str] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._scheduled = False
         self.alone = True  # (nobody outside this process hears it anyway)
 
     @property
@@ -280,7 +301,7 @@ class LocalDoorbell:
 
     async def close(self) -> None:
         self._loop = None
-        self._pending.clear()
+        self._listeners.forget_soon()
 
     def ring(self, channel: str) -> None:
         self.ring_all((channel,))
@@ -288,14 +309,9 @@ class LocalDoorbell:
     def ring_all(self, channels: Iterable[str]) -> None:
         if self._loop is None:
             return
-        listened, allowed = self._listeners.by_channel, self._rejections.allowed
+        allowed = self._rejections.allowed
         # nobody in this process listens to the others, so nobody anywhere does
-        heard = [c for c in channels if allowed(c) and c in listened]
-        if heard:
-            self._pending.update(heard)
-            if not self._scheduled:
-                self._scheduled = True
-                self._loop.call_soon(self._deliver)
+        self._listeners.wake_soon(c for c in channels if allowed(c))
 
     def listen(self, channel: str) -> Listener:
         problem = _channel_problem(channel)
@@ -307,12 +323,6 @@ class LocalDoorbell:
 
     def _forget(self, listener: Listener) -> None:
         self._listeners.remove(listener)
-
-    def _deliver(self) -> None:
-        self._scheduled = False
-        channels, self._pending = self._pending, set()
-        for channel in channels:
-            self._listeners.wake(channel)
 
 
 class PgDoorbell:
@@ -341,10 +351,7 @@ class PgDoorbell:
         self._active: set[str] = set()  # LISTENed on the current listening connection
         self._listen_connection: Any = None
         self._listen_lock = asyncio.Lock()  # asyncpg runs one operation at a time
-        # while alone: rings for this process's listeners, woken on the next loop turn
         self.alone = False
-        self._here: set[str] = set()
-        self._here_scheduled = False
 
     @property
     def connected(self) -> bool:
@@ -381,6 +388,7 @@ class PgDoorbell:
                 await task
         self._tasks = []
         self._pending.clear()
+        self._listeners.forget_soon()
         self._connected = False
 
     def ring(self, channel: str) -> None:
@@ -394,19 +402,7 @@ class PgDoorbell:
             return
         # No other replica to hear them (sending them cost 2 us of CPU a paced token here and
         # 0.5 in the database, bench/RESULTS.md): only this process's followers, if any.
-        listened = self._listeners.by_channel
-        heard = [c for c in channels if c in listened]
-        if heard:
-            self._here.update(heard)
-            if not self._here_scheduled:
-                self._here_scheduled = True
-                asyncio.get_running_loop().call_soon(self._wake_here)
-
-    def _wake_here(self) -> None:
-        self._here_scheduled = False
-        channels, self._here = self._here, set()
-        for channel in channels:
-            self._listeners.wake(channel)
+        self._listeners.wake_soon(channels)
 
     def _send(self, channels: Iterable[str]) -> None:
         if not self._started or self._closed:
