@@ -10,6 +10,8 @@ never disagrees with the log. A terminal event's status is taken from its type, 
 
 from __future__ import annotations
 
+import dataclasses
+import operator
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -57,16 +59,11 @@ class RowUpdate:
 
     def values(self) -> tuple[Any, ...]:
         """The columns' values in field order (``dataclasses.astuple`` deep-copies each one:
-        5.4 µs against 0.08, twice a response)."""
-        return (
-            self.status,
-            self.completed_at,
-            self.input_tokens,
-            self.output_tokens,
-            self.reasoning_tokens,
-            self.error_code,
-            self.incomplete_reason,
-        )
+        5.4 µs against 0.15, twice a response)."""
+        return _FIELD_VALUES(self)  # type: ignore[no-any-return]
+
+
+_FIELD_VALUES = operator.attrgetter(*(field.name for field in dataclasses.fields(RowUpdate)))
 
 
 def initial_status(background: bool) -> str:
