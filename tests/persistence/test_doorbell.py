@@ -31,6 +31,7 @@ from persistence.doorbell import (
     dsn_from_url,
 )
 from tests.support.postgres import fresh_database, unavailable
+from tests.support.waiting import eventually
 
 _SOON = 5.0  # seconds: the bound on anything that should happen promptly
 
@@ -39,15 +40,6 @@ Start = Callable[..., Awaitable[PgDoorbell]]
 
 def _channel() -> str:
     return f"resp_{secrets.token_hex(24)}"
-
-
-async def _eventually(check: Callable[[], Awaitable[bool] | bool], what: str) -> None:
-    for _ in range(int(_SOON / 0.01)):
-        result = check()
-        if result if isinstance(result, bool) else await result:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"not within {_SOON} s: {what}")
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +94,7 @@ async def _listening(doorbell: Doorbell, channel: str) -> Listener:
         async def listened() -> bool:
             return channel in await doorbell.listening_channels()
 
-        await _eventually(listened, f"LISTEN {channel}")
+        await eventually(listened, f"LISTEN {channel}", _SOON)
         await listener.wait(0)
     return listener
 
@@ -279,7 +271,7 @@ async def test_alone_a_commits_rings_wake_this_process_only_and_a_plain_ring_sti
 
         owner.alone = False  # another replica appeared: the commits' rings go out again
         owner.ring_all([quiet])
-        await _eventually(lambda: quiet in heard, "the commit's ring")
+        await eventually(lambda: quiet in heard, "the commit's ring", _SOON)
         assert heard == [sentinel, quiet]
     finally:
         await raw.close()
@@ -373,7 +365,7 @@ async def test_listeners_of_one_channel_share_one_listen_until_the_last_closes(
     async def unlistened() -> bool:
         return await replica.listening_channels() == frozenset()
 
-    await _eventually(unlistened, "UNLISTEN after the last listener closed")
+    await eventually(unlistened, "UNLISTEN after the last listener closed", _SOON)
     again = await _listening(replica, channel)
     owner.ring(channel)
     assert await again.wait(_SOON)
@@ -397,7 +389,7 @@ async def _terminate(admin: asyncpg.Connection, pid: int) -> None:
         still = await admin.fetchval("SELECT count(*) FROM pg_stat_activity WHERE pid = $1", pid)
         return bool(still == 0)
 
-    await _eventually(gone, f"backend {pid} to end")
+    await eventually(gone, f"backend {pid} to end", _SOON)
 
 
 @pytest.mark.postgres
@@ -414,13 +406,13 @@ async def test_a_lost_listening_connection_reconnects_and_wakes_every_listener(
     try:
         before = await _backend(admin, f"{name} (listen)")
         await _terminate(admin, before)
-        await _eventually(lambda: not replica.connected, "connected to turn False")
+        await eventually(lambda: not replica.connected, "connected to turn False", _SOON)
         # Going down wakes every listener too (rings may be missed from here on)...
         for listener in listeners:
             assert await listener.wait(0)
         assert not replica.connected  # ...so the wake checked next can only be the reconnect's
 
-        await _eventually(lambda: replica.connected, "connected to turn True again")
+        await eventually(lambda: replica.connected, "connected to turn True again", _SOON)
         for listener in listeners:
             assert await listener.wait(0), "not woken after the reconnect"
         assert await _backend(admin, f"{name} (listen)") != before

@@ -6,7 +6,6 @@ import asyncio
 import logging
 import sqlite3
 import threading
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import pytest
 
 from persistence import sqlite_writer
 from persistence.sqlite_writer import SqliteWriter
+from tests.support.waiting import eventually
 
 
 @pytest.fixture
@@ -45,13 +45,6 @@ def _in_database_file(path: Path) -> list[str]:
         connection.close()
 
 
-async def _until(condition: object, timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():  # type: ignore[operator]
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.01)
-
-
 async def test_commits_are_checkpointed_by_the_checkpointer(
     writer: SqliteWriter, migrated_sqlite_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -61,7 +54,7 @@ async def test_commits_are_checkpointed_by_the_checkpointer(
     assert _in_database_file(path) == []  # in the WAL only: no checkpoint in the commit
     monkeypatch.setattr(sqlite_writer, "CHECKPOINT_INTERVAL_S", 0.0)
     await _put(writer, "b")
-    await _until(lambda: writer.checkpoints == 1)
+    await eventually(lambda: writer.checkpoints == 1, "a checkpoint")
     assert _in_database_file(path) == ["a", "b"]
 
 
@@ -87,7 +80,7 @@ async def test_a_commit_never_waits_for_a_checkpoint(
         assert writer.checkpoints == 0  # still the one hanging; no second one started
     finally:
         release.set()
-    await _until(lambda: writer.checkpoints == 1)
+    await eventually(lambda: writer.checkpoints == 1, "a checkpoint")
 
 
 async def test_a_failing_checkpoint_is_logged_once_and_the_commits_go_on(
@@ -104,7 +97,7 @@ async def test_a_failing_checkpoint_is_logged_once_and_the_commits_go_on(
     with caplog.at_level(logging.WARNING, logger="persistence.sqlite_writer"):
         for i in range(4):
             await _put(writer, f"n{i}")
-            await _until(lambda: writer._checkpoint is None)
+            await eventually(lambda: writer._checkpoint is None, "the checkpoint's end")
     assert len(attempts) == 4  # retried with each commit
     assert [r.getMessage() for r in caplog.records] == [
         "SQLite checkpoint failed (disk I/O error); retried after the next commits"

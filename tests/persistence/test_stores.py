@@ -11,13 +11,15 @@ import asyncpg
 import pytest
 from sqlalchemy import text
 
+from persistence.doorbell import PgDoorbell
 from persistence.errors import Fenced, NotFound
 from persistence.memory import MemoryStore
 from persistence.records import NewResponse, Replica
 from persistence.sql import _OWN_FENCE, SqlStore, open_store
-from persistence.store import EventStore
+from persistence.store import REPLICAS_CHANNEL, EventStore
 from tests.persistence.contract import EventStoreContract
 from tests.persistence.factories import completed, created, delta, new_response
+from tests.support.waiting import eventually
 
 
 class TestMemoryStore(EventStoreContract):
@@ -188,3 +190,34 @@ async def test_a_delete_by_hand_during_an_owners_commit_leaves_none_of_its_event
         await owner.close()
         await operator.close()
         await a.close()
+
+
+@pytest.mark.postgres
+async def test_a_leases_first_heartbeat_rings_the_other_replicas_once(clean_postgres_url: str) -> None:
+    """A replica that starts tells the others at once (``REPLICAS``), so one that believed
+    itself alone rings its commits for other processes again without waiting for its sweep;
+    the heartbeats after the first ring nothing. Heard by a session LISTENing as a replica's
+    doorbell does."""
+    dsn = clean_postgres_url.replace("postgresql+asyncpg", "postgresql")
+    heard: list[str] = []
+    listener = await asyncpg.connect(dsn)
+    for channel in (REPLICAS_CHANNEL, "sentinel"):
+        await listener.add_listener(channel, lambda *args: heard.append(args[2]))
+    store = await open_store(clean_postgres_url, commit_window_ms=1.0, migrate=False)
+    store.doorbell = doorbell = PgDoorbell(dsn)
+    await doorbell.start()
+    try:
+        now = time.time()
+        store.lease(Replica("rep_new", "host", 1, now, now, now + 60), 60)
+        await store.probe()  # the first heartbeat
+        await eventually(lambda: heard == [REPLICAS_CHANNEL], "the first heartbeat's ring")
+        await store.probe()
+        await store.probe()
+        doorbell.ring("sentinel")  # notifications arrive in order: the probes' would be in by now
+        await eventually(lambda: heard[-1:] == ["sentinel"], "the sentinel")
+        assert heard == [REPLICAS_CHANNEL, "sentinel"]
+    finally:
+        await doorbell.close()
+        await store.close()
+        await listener.close()
+
