@@ -311,7 +311,7 @@ class LocalDoorbell:
             return
         allowed = self._rejections.allowed
         # nobody in this process listens to the others, so nobody anywhere does
-        self._listeners.wake_soon(c for c in channels if allowed(c))
+        self._listeners.wake_soon([c for c in channels if allowed(c)])
 
     def listen(self, channel: str) -> Listener:
         problem = _channel_problem(channel)
