@@ -62,9 +62,13 @@ class SqliteWriter:
         if synchronous not in ("FULL", "NORMAL"):
             raise ValueError(f"synchronous must be FULL or NORMAL, got {synchronous!r}")
         self._path = path
-        self._pragmas = (
+        # the checkpointer's connection waits and syncs as the writer's does
+        self._checkpoint_pragmas = (
             f"PRAGMA busy_timeout = {int(busy_timeout_ms)}",
             f"PRAGMA synchronous = {synchronous}",
+        )
+        self._pragmas = (
+            *self._checkpoint_pragmas,
             "PRAGMA foreign_keys = ON",
             f"PRAGMA cache_size = -{_CACHE_KIB}",
             f"PRAGMA wal_autocheckpoint = {_BACKSTOP_PAGES}",
@@ -97,7 +101,7 @@ class SqliteWriter:
             conn = self._checkpoint_conn = sqlite3.connect(
                 self._path, isolation_level=None, check_same_thread=False
             )
-            for pragma in self._pragmas[:2]:  # busy_timeout, synchronous: as the writer's
+            for pragma in self._checkpoint_pragmas:
                 conn.execute(pragma)
         try:
             conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
