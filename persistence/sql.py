@@ -30,6 +30,7 @@ import dataclasses
 import errno
 import functools
 import logging
+import re
 import secrets
 import sqlite3
 import time
@@ -127,6 +128,12 @@ _log = logging.getLogger(__name__)
 # retried) or the data being refused (that submission fails alone).
 _CONSTRAINT = (IntegrityError, sqlite3.IntegrityError, asyncpg.IntegrityConstraintViolationError)
 # First pause between retries of a commit the database did not take, doubled up to the cap.
+#: PostgreSQL: a statement's rows go in with ``COPY`` from this many on (two round trips, the
+#: cheapest per row), fewer with one ``executemany`` (one round trip; a new response's row, its
+#: input items, audit records and item index entries are a few rows each).
+_COPY_MIN_ROWS = 32
+#: A replica id that may go into SQL text as it is (``SqlStore._begin``).
+_PLAIN_ID = re.compile(r"[A-Za-z0-9_]{1,64}")
 _RETRY_FIRST_S = 0.05
 _RETRY_CAP_S = 1.0
 
@@ -364,6 +371,9 @@ class SqlStore:
         # delete of one of the replica's responses bumps ``fence``, so while a commit reads the
         # same value under its share lock, none of these logs was claimed or deleted since.
         self._fenced_at: dict[str, int] = {}
+        # That row's ``fence`` as a commit last read it (None: not read yet, or no row then):
+        # the next commit's BEGIN locks the row in the same round trip if it still holds it.
+        self._own_fence: int | None = None
         #: Logs whose epoch a commit checked row by row (the fence's slow path), since opening.
         self.fence_row_checks = 0
         # Whether this lease's first heartbeat rang ``REPLICAS`` (see ``probe``).
@@ -764,36 +774,62 @@ class SqlStore:
         connection goes back to the pool)."""
         raw = (await conn.get_raw_connection()).driver_connection
         assert raw is not None  # a live pooled connection
+        earned: dict[str, int] = {}
         try:
-            async with raw.transaction():
-                if unknown:
-                    _found_tails(tails, unknown, await raw.fetch(self._sql.tails(len(unknown)), *unknown))
-                if previous is not None and _committed_before(batch, tails, previous):
-                    return _Plan(previous.outcomes, [], 0)
+            own_fence = await self._begin(raw)
+            if unknown:
+                _found_tails(tails, unknown, await raw.fetch(self._sql.tails(len(unknown)), *unknown))
+            if previous is not None and _committed_before(batch, tails, previous):
+                plan = _Plan(previous.outcomes, [], 0)
+            else:
                 created = {w.response_id: w.owner for w in batch if isinstance(w, _Create)}
                 appended = list(
                     {w.response_id: None for w in batch if isinstance(w, _Append) and w.response_id not in created}
                 )
-                epochs, earned = await self._fence(raw, appended, created)
+                epochs, earned = await self._fence(raw, appended, created, own_fence)
                 plan = self._last_plan = self._plan(batch, tails, epochs)
                 for statement, rows in plan.statements:
-                    if statement.columns:
+                    if statement.columns and len(rows) >= _COPY_MIN_ROWS:
                         await raw.copy_records_to_table(
                             statement.table, records=rows, columns=statement.columns
                         )
                     else:
                         await raw.executemany(statement.sql, rows)
+            await raw.execute("COMMIT")
         except BaseException as exc:
             lost = isinstance(exc, asyncpg.InterfaceError | OSError | asyncio.CancelledError)
             if raw.is_closed() or lost or is_unavailable(exc):
                 with contextlib.suppress(Exception):
                     await conn.invalidate()  # unusable or in doubt: do not pool it again
+            elif raw.is_in_transaction():  # e.g. a row the database refused: pooled clean
+                with contextlib.suppress(Exception):
+                    await raw.execute("ROLLBACK")
             raise
         self._fenced_at.update(earned)  # committed: the new logs exist, the checks stand
         return plan
 
+    async def _begin(self, raw: Any) -> int | None:
+        """Begin ``_write_postgres``'s transaction. With a lease whose row's ``fence`` a commit
+        has read before, the same round trip share-locks that row if its ``fence`` is still the
+        value read (``_fence``'s shortcut, which then needs no query of its own): returns that
+        value, or None when it moved, the row is gone or there is no lease (``_fence`` reads it).
+
+        The values go into the SQL text (a simple query, the only kind that takes two
+        statements): an integer, and a replica id only if it is plain letters, digits and ``_``
+        (``app.leases`` makes them so); any other id takes the separate query."""
+        seen = self._own_fence
+        if seen is not None and self._replica is not None:
+            me = self._replica[0].id
+            if _PLAIN_ID.fullmatch(me):
+                status = await raw.execute(
+                    f"BEGIN; SELECT 1 FROM replicas WHERE id = '{me}' AND fence = {int(seen)} FOR SHARE"
+                )
+                return seen if status == "SELECT 1" else None
+        await raw.execute("BEGIN")
+        return None
+
     async def _fence(
-        self, raw: Any, appended: list[str], created: dict[str, str | None]
+        self, raw: Any, appended: list[str], created: dict[str, str | None], own_fence: int | None = None
     ) -> tuple[dict[str, int], dict[str, int]]:
         """The append fence, in the commit's transaction: each appended log's epoch, locked
         against a claim until this commits (a claim that comes after it sees these events; one
@@ -805,7 +841,8 @@ class SqlStore:
         one, and one that came before shows in the value read. A log last checked at that value
         needs nothing more. Only the others (a log this store took over, a log after a claim or
         delete of any of its responses, every log without a lease) are read and locked row by
-        row."""
+        row. ``own_fence``: the row's value, already locked and read when the transaction began
+        (``_begin``); None: read it here."""
         earned: dict[str, int] = {}
         if not appended and not created:
             return {}, earned
@@ -813,7 +850,10 @@ class SqlStore:
         fence: int | None = None
         if self._replica is not None:
             me = self._replica[0].id
-            fence = await raw.fetchval(_OWN_FENCE, me)  # None: no row (not leased yet, released)
+            fence = own_fence
+            if fence is None:
+                fence = await raw.fetchval(_OWN_FENCE, me)  # None: no row (not leased yet, released)
+                self._own_fence = fence
         known = self._fenced_at
         epochs: dict[str, int] = {}
         unchecked: list[str] = []
@@ -1176,6 +1216,7 @@ class SqlStore:
         """From now on ``probe`` renews ``replica``'s lease for ``lease_s`` (the heartbeat)."""
         self._replica = (replica, lease_s)
         self._announced = False
+        self._own_fence = None
 
     async def replicas(self) -> list[Replica]:
         """Every replica row, expired or not."""

@@ -221,3 +221,56 @@ async def test_a_leases_first_heartbeat_rings_the_other_replicas_once(clean_post
         await store.close()
         await listener.close()
 
+
+
+@pytest.mark.postgres
+async def test_a_leased_replicas_commit_takes_three_round_trips_once_it_knows_its_fence(
+    clean_postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A paced engine's commit (one delta a log) is BEGIN with the replica row's share lock in
+    one round trip, the rows, COMMIT. A handful of rows go in with one ``executemany``; many with
+    ``COPY``. After a claim bumps the fence, the BEGIN's check fails and the commit reads the row
+    as before: the log that was claimed is fenced out, the other one goes on."""
+    from sqlalchemy import event
+
+    a = await _leased(clean_postgres_url, "rep_a")
+    b = await _leased(clean_postgres_url, "rep_b")
+    statements: list[str] = []
+    await a._writer.dispose()  # its next connections log what they run
+
+    def log_queries(dbapi_connection: object, _record: object) -> None:
+        raw = dbapi_connection._connection  # type: ignore[attr-defined]  # the asyncpg one
+        raw.add_query_logger(lambda logged: statements.append(logged.query.split(" (")[0]))
+
+    event.listen(a._writer.sync_engine, "connect", log_queries)
+    copy = asyncpg.Connection.copy_records_to_table  # (not logged: its rows go another way)
+
+    async def logged_copy(self: asyncpg.Connection, table: str, **kwargs: object) -> str:
+        done: str = await copy(self, table, **kwargs)  # type: ignore[arg-type]
+        asyncio.get_running_loop().call_soon(statements.append, f"COPY {table}")  # as asyncpg logs
+        return done
+
+    monkeypatch.setattr(asyncpg.Connection, "copy_records_to_table", logged_copy)
+    try:
+        kept, claimed = await _owned_log(a, "rep_a"), await _owned_log(a, "rep_a")
+        await a.append(kept.id, [delta(1)], 1)  # its fence is read (and remembered) here
+        statements.clear()
+        await a.append(kept.id, [delta(2)], 2)
+        assert [s.split(" ")[0] for s in statements] == ["BEGIN;", "INSERT", "COMMIT"]
+        assert "FOR SHARE" in statements[0]
+        statements.clear()
+        await a.append(kept.id, [delta(seq) for seq in range(3, 43)], 3)
+        assert [s.split(" ")[0] for s in statements] == ["BEGIN;", "COPY", "COMMIT"]
+
+        assert await b.claim(claimed.id, "rep_a", "rep_b") == 1
+        statements.clear()
+        with pytest.raises(Fenced):
+            await a.append(claimed.id, [delta(1, "late")], 1)
+        assert statements[1] == _OWN_FENCE  # the BEGIN's check failed: read as before
+        await a.append(kept.id, [delta(43)], 43)
+        assert [e.seq for e in await b.load(kept.id)] == list(range(44))
+        assert [e.seq for e in await b.load(claimed.id)] == [0]
+    finally:
+        event.remove(a._writer.sync_engine, "connect", log_queries)
+        await a.close()
+        await b.close()
