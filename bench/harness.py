@@ -133,6 +133,8 @@ class RunResult:
     server_cpu_us_per_token: float | None = None
     server_cpu_util: float | None = None
     db_cpu_us_per_token: float | None = None
+    #: The kernel's part of ``server_cpu_us_per_token`` (system time: socket writes, the WAL).
+    server_sys_us_per_token: float | None = None
     loadgen_cpu_us_per_token: float | None = None
     loadgen_cpu_util: float | None = None
     bytes_per_token: float | None = None
@@ -170,18 +172,21 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
-def _cpu_ticks(pids: Iterable[int]) -> dict[int, int]:
-    """utime + stime + cutime + cstime per live pid (fields 14-17 of /proc/<pid>/stat)."""
+def _cpu_ticks(pids: Iterable[int], kernel: dict[int, int] | None = None) -> dict[int, int]:
+    """utime + stime + cutime + cstime per live pid (fields 14-17 of /proc/<pid>/stat); with
+    ``kernel``, also its stime + cstime, put there."""
     ticks = {}
     for pid in pids:
         fields = _stat_fields(pid)
         if fields is not None:
             ticks[pid] = sum(int(v) for v in fields[11:15])
+            if kernel is not None:
+                kernel[pid] = int(fields[12]) + int(fields[14])
     return ticks
 
 
-def _tree_cpu_s(pid: int) -> dict[int, int]:
-    return _cpu_ticks(_descendants(pid))
+def _tree_cpu_s(pid: int, kernel: dict[int, int] | None = None) -> dict[int, int]:
+    return _cpu_ticks(_descendants(pid), kernel)
 
 
 def _delta_s(before: dict[int, int], after: dict[int, int]) -> float:
@@ -491,7 +496,8 @@ def _measure(
     hwm_reset = _reset_hwm(server.pid)
     size0 = database.size()
     db_cpu0 = database.backend_cpu()
-    cpu0 = _tree_cpu_s(server.pid)
+    kernel0: dict[int, int] = {}
+    cpu0 = _tree_cpu_s(server.pid, kernel0)
     busy0, window0 = _system_busy_s(), time.monotonic()
     lg_self0 = _children_cpu_s()
 
@@ -507,7 +513,8 @@ def _measure(
 
     busy1, window1 = _system_busy_s(), time.monotonic()
     lg_self1 = _children_cpu_s()
-    cpu1 = _tree_cpu_s(server.pid)
+    kernel1: dict[int, int] = {}
+    cpu1 = _tree_cpu_s(server.pid, kernel1)
     db_cpu1 = database.backend_cpu()
     size1 = database.size()
 
@@ -534,6 +541,7 @@ def _measure(
         result.ttft_p50_ms = report["ttft_ms"]["p50"]
     if tokens:
         result.server_cpu_us_per_token = server_s * 1e6 / tokens
+        result.server_sys_us_per_token = _delta_s(kernel0, kernel1) * 1e6 / tokens
         result.loadgen_cpu_us_per_token = report["loadgen_cpu_s"] * 1e6 / tokens
         if database.url is not None and target.database == "postgres":
             result.db_cpu_us_per_token = db_s * 1e6 / tokens
@@ -650,6 +658,7 @@ class Summary:
     latency_p99_ms: float | None
     ttft_p50_ms: float | None
     server_cpu_us_per_token: float | None
+    server_sys_us_per_token: float | None
     server_cpu_util: float | None
     db_cpu_us_per_token: float | None
     loadgen_cpu_us_per_token: float | None
@@ -697,6 +706,7 @@ def summarize(results: Sequence[RunResult], reference: str = "naive") -> list[Su
                 latency_p99_ms=m("latency_p99_ms"),
                 ttft_p50_ms=m("ttft_p50_ms"),
                 server_cpu_us_per_token=m("server_cpu_us_per_token"),
+                server_sys_us_per_token=m("server_sys_us_per_token"),
                 server_cpu_util=m("server_cpu_util"),
                 db_cpu_us_per_token=m("db_cpu_us_per_token"),
                 loadgen_cpu_us_per_token=m("loadgen_cpu_us_per_token"),
@@ -727,6 +737,7 @@ _COLUMNS = (
     ("p99 ms", lambda s: _fmt(s.latency_p99_ms, 2)),
     ("TTFT p50 ms", lambda s: _fmt(s.ttft_p50_ms, 1)),
     ("server µs/tok", lambda s: _fmt(s.server_cpu_us_per_token, 2)),
+    ("of it sys", lambda s: _fmt(s.server_sys_us_per_token, 2)),
     ("server CPU", lambda s: _fmt(s.server_cpu_util, 2)),
     ("DB µs/tok", lambda s: _fmt(s.db_cpu_us_per_token, 2)),
     ("loadgen µs/tok", lambda s: _fmt(s.loadgen_cpu_us_per_token, 2)),
@@ -820,7 +831,7 @@ def render_markdown(
         "tokens/s: delta events delivered per second over all streams. ratio: tokens/s over the "
         "naive peer at the same C. p50/p99: engine yield → client read of each token. "
         "TTFT: request sent → first delta read. server µs/tok: CPU (user+sys) of the server "
-        "process tree per token; server CPU: cores used. DB µs/tok: PostgreSQL backends. "
+        "process tree per token, of it sys: the kernel's part (system time); server CPU: cores used. DB µs/tok: PostgreSQL backends. "
         "bytes/tok: database growth per token. other CPU: cores used by anything else "
         "during the run (noise).",
         "",

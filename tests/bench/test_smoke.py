@@ -61,6 +61,7 @@ def test_run_naive_targets_end_to_end(tmp_path):
         assert s["tokens_per_s"] > 0
         assert s["latency_p50_ms"] is not None
         assert s["server_cpu_us_per_token"] is not None
+        assert 0 <= s["server_sys_us_per_token"] <= s["server_cpu_us_per_token"]
     runs = {(r["target"], r["concurrency"]): r for r in report["runs"]}
     # 100 tokens at 20 per stream: 5 streams for C=1; ceil(100 / 60) = 2 per worker for C=3.
     assert runs[("naive", 1)]["streams"] == 5 and runs[("naive", 1)]["tokens"] == 100
