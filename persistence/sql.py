@@ -127,13 +127,13 @@ _log = logging.getLogger(__name__)
 # other failure is either the database being unavailable (``persistence.health.is_unavailable``:
 # retried) or the data being refused (that submission fails alone).
 _CONSTRAINT = (IntegrityError, sqlite3.IntegrityError, asyncpg.IntegrityConstraintViolationError)
-# First pause between retries of a commit the database did not take, doubled up to the cap.
 #: PostgreSQL: a statement's rows go in with ``COPY`` from this many on (two round trips, the
 #: cheapest per row), fewer with one ``executemany`` (one round trip; a new response's row, its
 #: input items, audit records and item index entries are a few rows each).
 _COPY_MIN_ROWS = 32
 #: A replica id that may go into SQL text as it is (``SqlStore._begin``).
 _PLAIN_ID = re.compile(r"[A-Za-z0-9_]{1,64}")
+# First pause between retries of a commit the database did not take, doubled up to the cap.
 _RETRY_FIRST_S = 0.05
 _RETRY_CAP_S = 1.0
 
