@@ -831,7 +831,8 @@ def render_markdown(
         "tokens/s: delta events delivered per second over all streams. ratio: tokens/s over the "
         "naive peer at the same C. p50/p99: engine yield → client read of each token. "
         "TTFT: request sent → first delta read. server µs/tok: CPU (user+sys) of the server "
-        "process tree per token, of it sys: the kernel's part (system time); server CPU: cores used. DB µs/tok: PostgreSQL backends. "
+        "process tree per token; of it sys: the kernel's part of that (system time); server "
+        "CPU: cores used. DB µs/tok: PostgreSQL backends. "
         "bytes/tok: database growth per token. other CPU: cores used by anything else "
         "during the run (noise).",
         "",

@@ -374,6 +374,8 @@ class SqlStore:
         # That row's ``fence`` as a commit last read it (None: not read yet, or no row then):
         # the next commit's BEGIN locks the row in the same round trip if it still holds it.
         self._own_fence: int | None = None
+        # ``_begin``'s statement up to that value (None: no lease, or an id not fit for SQL text).
+        self._own_lock: str | None = None
         #: Logs whose epoch a commit checked row by row (the fence's slow path), since opening.
         self.fence_row_checks = 0
         # Whether this lease's first heartbeat rang ``REPLICAS`` (see ``probe``).
@@ -817,19 +819,15 @@ class SqlStore:
         The values go into the SQL text (a simple query, the only kind that takes two
         statements): an integer, and a replica id only if it is plain letters, digits and ``_``
         (``app.leases`` makes them so); any other id takes the separate query."""
-        seen = self._own_fence
-        if seen is not None and self._replica is not None:
-            me = self._replica[0].id
-            if _PLAIN_ID.fullmatch(me):
-                status = await raw.execute(
-                    f"BEGIN; SELECT 1 FROM replicas WHERE id = '{me}' AND fence = {int(seen)} FOR SHARE"
-                )
-                return seen if status == "SELECT 1" else None
+        seen, lock = self._own_fence, self._own_lock
+        if seen is not None and lock is not None:
+            status = await raw.execute(f"{lock}{int(seen)} FOR SHARE")
+            return seen if status == "SELECT 1" else None
         await raw.execute("BEGIN")
         return None
 
     async def _fence(
-        self, raw: Any, appended: list[str], created: dict[str, str | None], own_fence: int | None = None
+        self, raw: Any, appended: list[str], created: dict[str, str | None], own_fence: int | None
     ) -> tuple[dict[str, int], dict[str, int]]:
         """The append fence, in the commit's transaction: each appended log's epoch, locked
         against a claim until this commits (a claim that comes after it sees these events; one
@@ -1217,6 +1215,11 @@ class SqlStore:
         self._replica = (replica, lease_s)
         self._announced = False
         self._own_fence = None
+        self._own_lock = (
+            f"BEGIN; SELECT 1 FROM replicas WHERE id = '{replica.id}' AND fence = "
+            if _PLAIN_ID.fullmatch(replica.id)
+            else None
+        )
 
     async def replicas(self) -> list[Replica]:
         """Every replica row, expired or not."""

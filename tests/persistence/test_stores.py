@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 
 import asyncpg
 import pytest
-from sqlalchemy import text
+from sqlalchemy import event, text
 
 from persistence.doorbell import PgDoorbell
 from persistence.errors import Fenced, NotFound
@@ -222,7 +222,6 @@ async def test_a_leases_first_heartbeat_rings_the_other_replicas_once(clean_post
         await listener.close()
 
 
-
 @pytest.mark.postgres
 async def test_a_leased_replicas_commit_takes_three_round_trips_once_it_knows_its_fence(
     clean_postgres_url: str, monkeypatch: pytest.MonkeyPatch
@@ -231,8 +230,6 @@ async def test_a_leased_replicas_commit_takes_three_round_trips_once_it_knows_it
     one round trip, the rows, COMMIT. A handful of rows go in with one ``executemany``; many with
     ``COPY``. After a claim bumps the fence, the BEGIN's check fails and the commit reads the row
     as before: the log that was claimed is fenced out, the other one goes on."""
-    from sqlalchemy import event
-
     a = await _leased(clean_postgres_url, "rep_a")
     b = await _leased(clean_postgres_url, "rep_b")
     statements: list[str] = []
