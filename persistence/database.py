@@ -30,6 +30,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 __all__ = [
     "DEFAULT_DATABASE_URL",
+    "Generations",
     "Role",
     "Synchronous",
     "async_url",
@@ -166,6 +167,41 @@ def needs_snapshot(path: Path) -> bool:
         return read_only and path.exists() and not path.with_name(path.name + "-shm").exists()
     except OSError:
         return False
+
+
+class Generations:
+    """Close every connection a SQLite process has to its file, checked out ones included.
+
+    SQLite shares one ``-shm`` mapping among a process's connections to a file. One opened while
+    the filesystem was read-only maps it read-only, and every connection opened after it shares
+    that mapping until all of them are closed: the process cannot write the file again before.
+    ``AsyncEngine.dispose`` closes only the connections in the pool; one checked out at that
+    moment (a read in progress) goes back to the pool thrown away, and stays open there for
+    good. Here every connection of a ``watch``-ed engine carries the generation it was opened
+    in, and one of an earlier generation is closed as it is checked in."""
+
+    def __init__(self) -> None:
+        self.current = 0
+
+    def watch(self, engine: AsyncEngine) -> AsyncEngine:
+        def stamp(_dbapi_connection: Any, record: Any) -> None:
+            record.info["generation"] = self.current
+
+        def close_if_stale(_dbapi_connection: Any, record: Any) -> None:
+            if record is not None and record.info.get("generation", self.current) < self.current:
+                record.invalidate()
+
+        # pool events move to the new pool on dispose, and stay on the old one
+        event.listen(engine.sync_engine, "connect", stamp)
+        event.listen(engine.sync_engine, "checkin", close_if_stale)
+        return engine
+
+    async def close_all(self, *engines: AsyncEngine) -> None:
+        """Close every connection of ``engines``: those in their pools now, those checked out
+        when they come back."""
+        self.current += 1
+        for engine in engines:
+            await engine.dispose()
 
 
 def _sqlite_engine(

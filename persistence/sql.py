@@ -60,6 +60,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from persistence.conversations import ConversationStore
 from persistence.database import (
+    Generations,
     Synchronous,
     async_url,
     create_engine,
@@ -340,12 +341,14 @@ class SqlStore:
         statement_timeout_s: float = 5.0,
         reopen_reader: Callable[[], AsyncEngine] | None = None,
     ) -> None:
-        self._writer = writer
-        self._reader = reader
+        self._postgres = writer.dialect.name == "postgresql"
+        # SQLite: which connections a read-only disk left behind (see ``probe``)
+        self._generations = None if self._postgres else Generations()
+        self._writer = self._watch(writer)
+        self._reader = self._watch(reader)
         # SQLite: group commits go through this writer thread, not through ``writer``
         self._direct = direct
         self._clock = clock
-        self._postgres = writer.dialect.name == "postgresql"
         self._sql = _Statements(postgres=self._postgres)
         self._tails: OrderedDict[str, _Tail] = OrderedDict()
         self._tail_cache_size = tail_cache_size
@@ -390,6 +393,9 @@ class SqlStore:
         #: Totals since the store opened: commit attempts that failed, and those retried.
         self.commit_errors = 0
         self.commit_retries = 0
+
+    def _watch(self, engine: AsyncEngine) -> AsyncEngine:
+        return engine if self._generations is None else self._generations.watch(engine)
 
     @property
     def stats(self) -> CommitStats:
@@ -602,12 +608,12 @@ class SqlStore:
             self.health.failed(exc)
             if self._postgres:
                 await self._reset_connections()
-            elif "readonly" in describe(exc).lower():
+            elif "readonly" in describe(exc).lower() and self._generations is not None:
                 # SQLite shares one ``-shm`` mapping among a process's connections to a file; if
                 # they opened it while the file could not be written it stays read-only for
-                # every new one, the writer's too, until all of them are closed
-                await self._reader.dispose()
-                await self._writer.dispose()
+                # every new one, the writer's too, until all of them are closed (a read in
+                # progress now: as soon as it ends)
+                await self._generations.close_all(self._reader, self._writer)
             return
         if self._replica is not None and not self._announced and self.doorbell is not None:
             # the lease's first row: the other replicas sweep at once and learn of this one
@@ -615,7 +621,7 @@ class SqlStore:
             self._announced = True
             self.doorbell.ring(REPLICAS_CHANNEL)
         if self._reopen_reader is not None:  # writable again: read what gets written now
-            snapshot, self._reader = self._reader, self._reopen_reader()
+            snapshot, self._reader = self._reader, self._watch(self._reopen_reader())
             self._reopen_reader = None
             await snapshot.dispose()
         self.health.succeeded()

@@ -18,10 +18,14 @@ chosen where the shared contract left them open are listed there); here also:
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from persistence.sql import open_store
 from tests.faults import expectations, scenarios
 from tests.faults.storage import Tmpfs
 
@@ -47,3 +51,45 @@ def test_degraded_start(disk: Tmpfs, tmp_path: Path, mode: str) -> None:
 def test_a_poisoned_request_harms_no_other_stream(tmp_path: Path) -> None:
     url = f"sqlite+aiosqlite:///{tmp_path / 'poisoned.db'}"
     expectations.poisoned(scenarios.poisoned(tmp_path, url, streams=24))
+
+
+async def test_a_read_open_across_a_read_only_probe_does_not_keep_the_store_read_only(
+    disk: Tmpfs,
+) -> None:
+    """The flake behind ``test_degraded_start[readonly]`` made certain: SQLite shares one
+    ``-shm`` mapping among a process's connections to a file, read-only while the filesystem
+    is, until every one of them is closed. A reader connection checked out while a probe found
+    the disk read-only (a GET during the outage) went back to the pool that probe had thrown
+    away, and stayed open: the store stayed read-only after the disk was writable again."""
+    path = disk.path / "responses.db"
+    url = f"sqlite+aiosqlite:///{path}"
+    store = await open_store(url)
+    await store.close()
+    # a process killed mid-write leaves the -wal and -shm files behind (a clean close removes
+    # them, and a read-only file without them opens as an immutable snapshot instead)
+    killed = subprocess.run(
+        [sys.executable, "-c", _KILLED_WRITER, str(path)], capture_output=True, check=False
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert path.with_name(path.name + "-shm").exists()
+    disk.readonly()
+    store = await open_store(url, retry_s=1.0)
+    try:
+        async with store._reader.connect() as held:  # a read in progress across the probe
+            await held.exec_driver_sql("SELECT count(*) FROM responses")
+            await store.probe()
+            assert not store.health.ok
+        disk.writable()
+        await store.probe()
+        assert store.health.ok, store.health.reason
+    finally:
+        disk.writable()
+        await store.close()
+
+
+_KILLED_WRITER = """
+import os, signal, sqlite3, sys
+conn = sqlite3.connect(sys.argv[1], isolation_level=None)
+conn.execute("UPDATE server_secrets SET created_at = created_at")
+os.kill(os.getpid(), signal.SIGKILL)
+"""
