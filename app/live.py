@@ -117,16 +117,6 @@ class Subscription:
             self.put_nowait(batch)
         return detached
 
-    def _write_out(self, write: Callable[[bytes], bool], batch: Batch) -> bool:
-        try:
-            if not write(b"".join(batch.frames)):  # (one frame: joined, it is that same object)
-                return False
-        except Exception:  # a transport that fails must not fail the commit that published
-            log.exception("writing a live stream's batch failed")
-            return False
-        self.written = batch.last_seq
-        return True
-
     def _detach(self) -> None:
         detached = self._detached
         self._write = self._detached = None
@@ -136,8 +126,17 @@ class Subscription:
     def put_nowait(self, batch: Batch) -> None:
         write = self._write
         if write is not None:
-            if not batch.terminal and batch.frames and self._write_out(write, batch):
-                return
+            if not batch.terminal and batch.frames:
+                # written here, not in a method of its own: once a paced token
+                try:
+                    # (one frame: joined, it is that same object)
+                    written = write(b"".join(batch.frames))
+                except Exception:  # a transport that fails must not fail the commit that published
+                    log.exception("writing a live stream's batch failed")
+                    written = False
+                if written:
+                    self.written = batch.first_seq + len(batch.frames) - 1  # (``last_seq``)
+                    return
             self._detach()
         if self._limit is not None:
             if self.overflowed:
@@ -285,9 +284,12 @@ class LogWriter:
         self._tokens: list[int] = []
         self._next_seq = next_seq
         self._inflight = False
-        self._idle = asyncio.Event()
-        self._idle.set()
-        self._progress = asyncio.Event()
+        # Who waits for the submission in flight: ``drain`` until none is, ``wait_for_commit``
+        # for the next commit. Futures made only when someone waits (once a response, and under
+        # backpressure): two asyncio.Events set and cleared with every commit were three
+        # Python calls a paced token.
+        self._drains: list[asyncio.Future[None]] | None = None
+        self._commits: list[asyncio.Future[None]] | None = None
         #: ``submit_after`` calls waiting for the events pushed before them to be handed over.
         self._after: list[tuple[Callable[[], asyncio.Future[None]], asyncio.Future[None]]] = []
         self.error: BaseException | None = None
@@ -323,8 +325,12 @@ class LogWriter:
     async def wait_for_commit(self) -> None:
         """Wait until the commit in flight is durable (backpressure for a fast engine)."""
         if self._inflight:
-            self._progress.clear()
-            await self._progress.wait()
+            waiter = asyncio.get_running_loop().create_future()
+            if self._commits is None:
+                self._commits = [waiter]
+            else:
+                self._commits.append(waiter)
+            await waiter
 
     def push(self, events: Sequence[Event], token_ids: Sequence[int] = ()) -> None:
         """Queue events for the log; they are committed with the next group commit.
@@ -350,8 +356,7 @@ class LogWriter:
     def _flush(self) -> None:
         events, frames = self._events, self._frames
         if not events:
-            self._inflight = False
-            self._idle.set()
+            self._idle()
             return
         self._events, self._frames = [], []
         self._shared.total -= len(events)
@@ -365,7 +370,6 @@ class LogWriter:
             self._flush()
             return
         self._inflight = True
-        self._idle.clear()
         tokens, self._tokens = self._tokens, []
         # the store calls back later, from its commit (never from inside this call); one
         # submission is in flight at a time, so what it carries waits here, not in a partial
@@ -388,10 +392,21 @@ class LogWriter:
             timing.first(now - self._run.started)
         self._last_output = now
 
+    def _idle(self) -> None:
+        """No submission in flight now: wake ``drain``."""
+        self._inflight = False
+        drains = self._drains
+        if drains is not None:
+            self._drains = None
+            _wake(drains)
+
     def _durable(self, error: BaseException | None) -> None:
         batch, output = self._sent, self._sent_output
         self._sent = None
-        self._progress.set()
+        commits = self._commits
+        if commits is not None:
+            self._commits = None
+            _wake(commits)
         if error is not None:
             self.error = error
             log.error(
@@ -403,8 +418,7 @@ class LogWriter:
             after, self._after = self._after, []
             for _, outer in after:
                 outer.set_exception(self.error)
-            self._inflight = False
-            self._idle.set()
+            self._idle()
             return
         assert batch is not None  # (a submission in flight has its batch)
         self._run.publish(batch)
@@ -418,13 +432,33 @@ class LogWriter:
             elif self._run.started is not None:
                 timing.first(now - self._run.started)
             self._last_output = now
-        self._flush()
+        if self._events:
+            self._flush()
+            return
+        # nothing more to submit (nearly always so, paced): ``_idle``, without the call
+        self._inflight = False
+        drains = self._drains
+        if drains is not None:
+            self._drains = None
+            _wake(drains)
 
     async def drain(self) -> None:
         """Wait until everything pushed so far is durable and published."""
-        await self._idle.wait()
+        if self._inflight:
+            waiter = asyncio.get_running_loop().create_future()
+            if self._drains is None:
+                self._drains = [waiter]
+            else:
+                self._drains.append(waiter)
+            await waiter
         if self.error is not None:
             raise self.error
+
+
+def _wake(waiters: list[asyncio.Future[None]]) -> None:
+    for waiter in waiters:
+        if not waiter.done():  # (its waiter was cancelled)
+            waiter.set_result(None)
 
 
 def _chain(inner: asyncio.Future[None], outer: asyncio.Future[None]) -> None:

@@ -465,7 +465,8 @@ class SqlStore:
         outcome: Outcome,
         token_ids: Sequence[int],
     ) -> None:
-        self._check_open()
+        if self._closed:  # (``_check_open``, inlined on this path)
+            raise StoreError("the store is closed")
         if len(events) == 1 and expected_seq >= 0:
             # The per-token path of a paced engine: one event a response a commit, nearly
             # always a delta, which touches neither the responses row nor the item index. The
@@ -473,11 +474,14 @@ class SqlStore:
             event = events[0]
             type_ = event.type
             if event.seq == expected_seq and type_ not in _ROW_EVENT_TYPES:
+                text = event.payload_json
+                if text is None or "\x00" in text or "\\u0000" in text:
+                    text = event.payload_text()  # made, or checked for a NUL (see check_json_text)
                 row = (
                     response_id,
                     expected_seq,
                     type_,
-                    event.payload_text(),
+                    text,
                     self._clock(),
                     pack_token_ids(token_ids) if token_ids else None,
                 )
@@ -659,7 +663,11 @@ class SqlStore:
             return
         appended: list[str] = []
         for write, outcome in zip(batch, result, strict=True):
-            _settle(write, outcome)
+            future = write.future
+            if type(future) is Completion:  # a submit_then's: one call, not _settle's three
+                future.settle(outcome)
+            else:
+                _settle(write, outcome)
             if outcome is None and type(write) is _Append:
                 if write.ends:
                     self._epochs.pop(write.response_id, None)

@@ -85,12 +85,16 @@ class Completion:
         return self._settled
 
     def set_result(self, result: None, /) -> None:
-        self._call(None)
+        self.settle(None)
 
     def set_exception(self, exception: BaseException, /) -> None:
-        self._call(exception)
+        self.settle(exception)
 
-    def _call(self, error: BaseException | None) -> None:
+    def settle(self, error: BaseException | None) -> None:
+        """``set_result`` (``error`` None) or ``set_exception``, unless settled already: what
+        the store does with a write's outcome once it is known, in one call a paced token."""
+        if self._settled:
+            return
         self._settled = True
         try:
             self._done(error)
