@@ -285,11 +285,11 @@ class LogWriter:
         self._next_seq = next_seq
         self._inflight = False
         # Who waits for the submission in flight: ``drain`` until none is, ``wait_for_commit``
-        # for the next commit. Futures made only when someone waits (once a response, and under
+        # for the next commit. A future only when someone waits (once a response, and under
         # backpressure): two asyncio.Events set and cleared with every commit were three
         # Python calls a paced token.
-        self._drains: list[asyncio.Future[None]] | None = None
-        self._commits: list[asyncio.Future[None]] | None = None
+        self._drains: list[asyncio.Future[None]] = []
+        self._commits: list[asyncio.Future[None]] = []
         #: ``submit_after`` calls waiting for the events pushed before them to be handed over.
         self._after: list[tuple[Callable[[], asyncio.Future[None]], asyncio.Future[None]]] = []
         self.error: BaseException | None = None
@@ -325,12 +325,7 @@ class LogWriter:
     async def wait_for_commit(self) -> None:
         """Wait until the commit in flight is durable (backpressure for a fast engine)."""
         if self._inflight:
-            waiter = asyncio.get_running_loop().create_future()
-            if self._commits is None:
-                self._commits = [waiter]
-            else:
-                self._commits.append(waiter)
-            await waiter
+            await _waiter(self._commits)
 
     def push(self, events: Sequence[Event], token_ids: Sequence[int] = ()) -> None:
         """Queue events for the log; they are committed with the next group commit.
@@ -396,18 +391,14 @@ class LogWriter:
     def _idle(self) -> None:
         """No submission in flight now: wake ``drain``."""
         self._inflight = False
-        drains = self._drains
-        if drains is not None:
-            self._drains = None
-            _wake(drains)
+        if self._drains:
+            _wake(self._drains)
 
     def _durable(self, error: BaseException | None) -> None:
         batch, output = self._sent, self._sent_output
         self._sent = None
-        commits = self._commits
-        if commits is not None:
-            self._commits = None
-            _wake(commits)
+        if self._commits:
+            _wake(self._commits)
         if error is not None:
             self.error = error
             log.error(
@@ -438,26 +429,29 @@ class LogWriter:
             return
         # nothing more to submit (nearly always so, paced): ``_idle``, without the call
         self._inflight = False
-        drains = self._drains
-        if drains is not None:
-            self._drains = None
-            _wake(drains)
+        if self._drains:
+            _wake(self._drains)
 
     async def drain(self) -> None:
         """Wait until everything pushed so far is durable and published."""
         if self._inflight:
-            waiter = asyncio.get_running_loop().create_future()
-            if self._drains is None:
-                self._drains = [waiter]
-            else:
-                self._drains.append(waiter)
-            await waiter
+            await _waiter(self._drains)
         if self.error is not None:
             raise self.error
 
 
+def _waiter(waiters: list[asyncio.Future[None]]) -> asyncio.Future[None]:
+    """A future added to ``waiters``, for ``_wake`` to resolve."""
+    waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    waiters.append(waiter)
+    return waiter
+
+
 def _wake(waiters: list[asyncio.Future[None]]) -> None:
-    for waiter in waiters:
+    """Resolve and forget every future of ``waiters``."""
+    woken = waiters[:]
+    waiters.clear()
+    for waiter in woken:
         if not waiter.done():  # (its waiter was cancelled)
             waiter.set_result(None)
 
