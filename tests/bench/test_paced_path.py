@@ -29,6 +29,7 @@ def test_paced_path_runs_every_token_through_a_real_store_and_reports_it() -> No
             "--reps",
             "1",
             "--json",
+            "--calls",
         ],
         cwd=REPO_ROOT,
         capture_output=True,
@@ -44,3 +45,7 @@ def test_paced_path_runs_every_token_through_a_real_store_and_reports_it() -> No
     assert run["us_per_token"] > 0 and run["commits"] >= 1 and run["events_per_commit"] >= 1
     assert run["bytes"] > 4 * 12 * len("event: response.output_text.delta\n")
     assert "| sqlite |" in proc.stdout
+    # --calls: the Python calls a token of the run under cProfile, a few dozen, and more of all
+    # calls (C functions too)
+    assert 5 < report["python_calls_per_token"] < report["calls_per_token"] < 1000
+    assert "| store | Python calls/token | all calls/token |" in proc.stdout
