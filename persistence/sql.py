@@ -267,6 +267,9 @@ class _Tail(NamedTuple):
     ended: bool
 
 
+_new_tail = tuple.__new__
+
+
 # The queued writes. Not frozen: one is made per submission (per token when an engine paces its
 # tokens), and a frozen dataclass's __init__ costs about twice as much.
 @dataclass(slots=True, eq=False)
@@ -798,10 +801,15 @@ class SqlStore:
             if previous is not None and _committed_before(batch, tails, previous):
                 plan = _Plan(previous.outcomes, [], 0)
             else:
-                created = {w.response_id: w.owner for w in batch if isinstance(w, _Create)}
-                appended = list(
-                    {w.response_id: None for w in batch if isinstance(w, _Append) and w.response_id not in created}
-                )
+                # one pass, by exact type (the batch holds a write a paced token)
+                created: dict[str, str | None] = {}
+                logs: dict[str, None] = {}
+                for w in batch:
+                    if type(w) is _Append:
+                        logs[w.response_id] = None
+                    elif type(w) is _Create:
+                        created[w.response_id] = w.owner
+                appended = [rid for rid in logs if rid not in created] if created else list(logs)
                 epochs, earned = await self._fence(raw, appended, created, own_fence)
                 plan = self._last_plan = self._plan(batch, tails, epochs)
                 for statement, rows in plan.statements:
@@ -980,7 +988,8 @@ class SqlStore:
                 events.extend(write.rows)
                 if write.index is not None:
                     index.extend(write.index)
-                tails[rid] = _Tail(tail.next_seq + len(write.rows), write.ends)
+                # (``tuple.__new__``: a NamedTuple's own constructor is a Python call, once a token)
+                tails[rid] = _new_tail(_Tail, (tail.next_seq + len(write.rows), write.ends))
                 if write.update is not None:
                     updates[rid] = write.update
             outcomes.append(None)
