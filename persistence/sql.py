@@ -458,22 +458,13 @@ class SqlStore:
         done: Done,
         token_ids: Sequence[int] = (),
     ) -> None:
-        self._queue_append(response_id, events, expected_seq, Completion(done), token_ids)
-
-    def _queue_append(
-        self,
-        response_id: str,
-        events: Sequence[StoredEvent],
-        expected_seq: int,
-        outcome: Outcome,
-        token_ids: Sequence[int],
-    ) -> None:
         if self._closed:  # (``_check_open``, inlined on this path)
             raise StoreError("the store is closed")
         if len(events) == 1 and expected_seq >= 0:
-            # The per-token path of a paced engine: one event a response a commit, nearly
-            # always a delta, which touches neither the responses row nor the item index. The
-            # general path below makes the same row in 3.6-3.8 us; this in 1.8-1.9 us.
+            # The per-token path of a paced engine (a live response's ``LogWriter``): one event a
+            # response a commit, nearly always a delta, which touches neither the responses row
+            # nor the item index. ``_queue_append`` makes the same row in 3.6-3.8 us; this in
+            # 1.8-1.9 us, and in one call.
             event = events[0]
             type_ = event.type
             if event.seq == expected_seq and type_ not in _ROW_EVENT_TYPES:
@@ -488,8 +479,19 @@ class SqlStore:
                     self._clock(),
                     pack_token_ids(token_ids) if token_ids else None,
                 )
-                self._commits.put(_Append(response_id, expected_seq, [row], False, None, outcome, None))
+                self._commits.put(_Append(response_id, expected_seq, [row], False, None, Completion(done), None))
                 return
+        self._queue_append(response_id, events, expected_seq, Completion(done), token_ids)
+
+    def _queue_append(
+        self,
+        response_id: str,
+        events: Sequence[StoredEvent],
+        expected_seq: int,
+        outcome: Outcome,
+        token_ids: Sequence[int],
+    ) -> None:
+        self._check_open()
         check_submission(events, expected_seq)
         recorded_at = self._clock()
         rows: list[tuple[Any, ...]] = [
