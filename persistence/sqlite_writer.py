@@ -78,6 +78,9 @@ class SqliteWriter:
         self._checkpoint_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-checkpoint")
         self._checkpoint_conn: sqlite3.Connection | None = None
         self._checkpoint: asyncio.Future[None] | None = None
+        #: The shortest time between two checkpoints (``CHECKPOINT_INTERVAL_S``; a test sets
+        #: its own writer's, never the module's, which every writer of the process reads).
+        self.checkpoint_interval_s = CHECKPOINT_INTERVAL_S
         self._last_checkpoint = time.monotonic()
         self._checkpoint_failed = False
         #: Checkpoints run by the checkpointer (not the backstop), since opening.
@@ -89,7 +92,7 @@ class SqliteWriter:
         loop = asyncio.get_running_loop()
         result = await loop.run_in_executor(self._thread, self._run, work)
         now = time.monotonic()
-        if self._checkpoint is None and now - self._last_checkpoint >= CHECKPOINT_INTERVAL_S:
+        if self._checkpoint is None and now - self._last_checkpoint >= self.checkpoint_interval_s:
             self._last_checkpoint = now
             self._checkpoint = loop.run_in_executor(self._checkpoint_thread, self._run_checkpoint)
             self._checkpoint.add_done_callback(self._checkpoint_done)

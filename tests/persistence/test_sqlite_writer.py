@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from persistence import sqlite_writer
 from persistence.sqlite_writer import SqliteWriter
 from tests.support.waiting import eventually
 
@@ -45,14 +44,12 @@ def _in_database_file(path: Path) -> list[str]:
         connection.close()
 
 
-async def test_commits_are_checkpointed_by_the_checkpointer(
-    writer: SqliteWriter, migrated_sqlite_url: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_commits_are_checkpointed_by_the_checkpointer(writer: SqliteWriter, migrated_sqlite_url: str) -> None:
     path = _path(migrated_sqlite_url)
-    monkeypatch.setattr(sqlite_writer, "CHECKPOINT_INTERVAL_S", 3600.0)
+    writer.checkpoint_interval_s = 3600.0
     await _put(writer, "a")
     assert _in_database_file(path) == []  # in the WAL only: no checkpoint in the commit
-    monkeypatch.setattr(sqlite_writer, "CHECKPOINT_INTERVAL_S", 0.0)
+    writer.checkpoint_interval_s = 0.0
     await _put(writer, "b")
     await eventually(lambda: writer.checkpoints == 1, "a checkpoint")
     assert _in_database_file(path) == ["a", "b"]
@@ -61,16 +58,18 @@ async def test_commits_are_checkpointed_by_the_checkpointer(
 async def test_a_commit_never_waits_for_a_checkpoint(
     writer: SqliteWriter, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(sqlite_writer, "CHECKPOINT_INTERVAL_S", 0.0)
+    writer.checkpoint_interval_s = 0.0
     started, release = threading.Event(), threading.Event()
-    checkpoint = SqliteWriter._run_checkpoint
+    checkpoint = writer._run_checkpoint
 
-    def slow_checkpoint(self: SqliteWriter) -> None:
+    def slow_checkpoint() -> None:
         started.set()
         release.wait(10)
-        checkpoint(self)
+        checkpoint()
 
-    monkeypatch.setattr(SqliteWriter, "_run_checkpoint", slow_checkpoint)
+    # this writer's only: a class-wide patch would reach every writer of the process (a server
+    # another test left running in a thread), and this test would count their checkpoints too
+    monkeypatch.setattr(writer, "_run_checkpoint", slow_checkpoint)
     await _put(writer, "first")  # starts a checkpoint, which hangs
     assert await asyncio.to_thread(started.wait, 5)
     try:
@@ -86,20 +85,21 @@ async def test_a_commit_never_waits_for_a_checkpoint(
 async def test_a_failing_checkpoint_is_logged_once_and_the_commits_go_on(
     writer: SqliteWriter, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(sqlite_writer, "CHECKPOINT_INTERVAL_S", 0.0)
+    writer.checkpoint_interval_s = 0.0
     attempts = []
 
-    def failing(self: SqliteWriter) -> None:
+    def failing() -> None:
         attempts.append(1)
         raise sqlite3.OperationalError("disk I/O error")
 
-    monkeypatch.setattr(SqliteWriter, "_run_checkpoint", failing)
+    monkeypatch.setattr(writer, "_run_checkpoint", failing)
     with caplog.at_level(logging.WARNING, logger="persistence.sqlite_writer"):
         for i in range(4):
             await _put(writer, f"n{i}")
             await eventually(lambda: writer._checkpoint is None, "the checkpoint's end")
     assert len(attempts) == 4  # retried with each commit
-    assert [r.getMessage() for r in caplog.records] == [
+    # this loop's records only (a writer of another test's server thread logs to the same logger)
+    assert [r.getMessage() for r in caplog.records if r.thread == threading.get_ident()] == [
         "SQLite checkpoint failed (disk I/O error); retried after the next commits"
     ]
     assert writer.checkpoints == 0
