@@ -12,7 +12,6 @@ WebSocket mode's pre-warm) sends the engine, and how it is sampled.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import functools
 import logging
@@ -29,7 +28,7 @@ from app.errors import APIError
 from app.logprobs import requested_logprobs
 from app.wire import CreateResponse
 from domain.compaction import split_trigger
-from domain.events import TERMINAL_TYPES
+from domain.events import TERMINAL_TYPES, copy_json
 from domain.projections import output_as_input
 from domain.prompt import PromptRequest, RenderedPrompt, render_prompt
 from domain.truncation import Truncated, fit
@@ -65,7 +64,7 @@ def normalize_input(value: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
     }
     items: list[dict[str, Any]] = []
     for original in value:
-        item = copy.deepcopy(original)
+        item = copy_json(original)  # (JSON from the request: copy.deepcopy's memo is not needed)
         if "type" not in item and "role" in item:
             item["type"] = "message"
         if item.get("type") == "message":
