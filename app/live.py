@@ -135,7 +135,7 @@ class Subscription:
                     log.exception("writing a live stream's batch failed")
                     written = False
                 if written:
-                    self.written = batch.first_seq + len(batch.frames) - 1  # (``last_seq``)
+                    self.written = batch.last_seq
                     return
             self._detach()
         if self._limit is not None:
@@ -340,11 +340,10 @@ class LogWriter:
         if events[0].type not in _OPENING:
             self._output = True
         stored, frames = self._events, self._frames
-        for event in events:  # ``stored_event``, written out: one call less a token
-            obj, text = payload_and_json(event)
-            type_, seq = event.type, event.sequence_number
-            stored.append(StoredEvent(seq, type_, obj, text))
-            frames.append(sse_frame(type_, seq, text))
+        for event in events:
+            record = stored_event(event)
+            stored.append(record)
+            frames.append(sse_frame(record.type, record.seq, record.payload_json))  # set by stored_event
         self._shared.total += len(events)
         if not self._inflight:
             self._flush()
@@ -424,13 +423,7 @@ class LogWriter:
             elif self._run.started is not None:
                 timing.first(now - self._run.started)
             self._last_output = now
-        if self._events:
-            self._flush()
-            return
-        # nothing more to submit (nearly always so, paced): ``_idle``, without the call
-        self._inflight = False
-        if self._drains:
-            _wake(self._drains)
+        self._flush()
 
     async def drain(self) -> None:
         """Wait until everything pushed so far is durable and published."""

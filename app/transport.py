@@ -385,16 +385,13 @@ class _Guard:
         flow, transport = self.flow, self.transport
         self._connections.stats.written_direct += 1
 
-        chunked = frame is _chunk
-
         def write(body: bytes) -> bool:
             if self.cycle is not cycle or cycle.response_complete or cycle.disconnected or transport.is_closing():
                 return False
             if flow.write_paused:  # more than send_buffer_bytes unread: what send_bounded does
                 self._cut_send_buffer()
                 return False
-            # (``_chunk``, written out: once a paced token)
-            transport.write(b"%x\r\n%b\r\n" % (len(body), body) if chunked else frame(body))
+            transport.write(frame(body))
             return True
 
         return write
@@ -538,11 +535,6 @@ class _H11(_Guard, H11Protocol):
         return lambda body: conn.send(h11.Data(data=body))  # h11 keeps the framing's state
 
 
-def _chunk(body: bytes) -> bytes:
-    """A body chunk with more to come, as ``RequestResponseCycle.send`` writes it (chunked)."""
-    return b"%x\r\n%b\r\n" % (len(body), body)
-
-
 @functools.cache
 def _httptools_class() -> type[asyncio.Protocol] | None:
     try:
@@ -568,7 +560,7 @@ def _httptools_class() -> type[asyncio.Protocol] | None:
             # what RequestResponseCycle.send writes for a chunk with more to come
             if not cycle.chunked_encoding or cycle.scope["method"] == "HEAD":
                 return None
-            return _chunk
+            return lambda body: b"%x\r\n%b\r\n" % (len(body), body)
 
     return _HttpTools
 

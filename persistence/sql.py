@@ -458,8 +458,7 @@ class SqlStore:
         done: Done,
         token_ids: Sequence[int] = (),
     ) -> None:
-        if self._closed:  # (``_check_open``, inlined on this path)
-            raise StoreError("the store is closed")
+        self._check_open()
         if len(events) == 1 and expected_seq >= 0:
             # The per-token path of a paced engine (a live response's ``LogWriter``): one event a
             # response a commit, nearly always a delta, which touches neither the responses row
@@ -468,14 +467,11 @@ class SqlStore:
             event = events[0]
             type_ = event.type
             if event.seq == expected_seq and type_ not in _ROW_EVENT_TYPES:
-                text = event.payload_json
-                if text is None or "\x00" in text or "\\u0000" in text:
-                    text = event.payload_text()  # made, or checked for a NUL (see check_json_text)
                 row = (
                     response_id,
                     expected_seq,
                     type_,
-                    text,
+                    event.payload_text(),
                     self._clock(),
                     pack_token_ids(token_ids) if token_ids else None,
                 )
@@ -668,11 +664,7 @@ class SqlStore:
             return
         appended: list[str] = []
         for write, outcome in zip(batch, result, strict=True):
-            future = write.future
-            if type(future) is Completion:  # a submit_then's: one call, not _settle's three
-                future.settle(outcome)
-            else:
-                _settle(write, outcome)
+            _settle(write, outcome)
             if outcome is None and type(write) is _Append:
                 if write.ends:
                     self._epochs.pop(write.response_id, None)
@@ -1480,6 +1472,9 @@ def _refusal(response_id: str, exc: BaseException) -> StoreError:
 
 def _settle(write: _Write, outcome: StoreError | None) -> None:
     future = write.future
+    if type(future) is Completion:  # a submit_then's (a paced token's): one call settles it
+        future.settle(outcome)
+        return
     if future.done():  # the caller cancelled its wait; the write stands regardless
         return
     if outcome is None:
