@@ -99,6 +99,35 @@ async def test_if_the_events_cannot_be_written_it_is_never_submitted() -> None:
     assert store.calls == ["events 0-0"]
 
 
+async def test_drain_waits_until_nothing_is_in_flight_and_wait_for_commit_for_the_next_commit() -> None:
+    """``wait_for_commit`` (an engine faster than the log) returns at the commit in flight;
+    ``drain`` only once everything pushed before it is durable, however many commits that
+    takes; a cancelled wait harms neither; a failed commit ends ``drain`` with its error."""
+    store = _Store()
+    writer, _ = _writer(store)
+    await asyncio.wait_for(writer.drain(), 1)  # nothing in flight: at once
+    writer.push([_delta(0)])
+    writer.push([_delta(1)])  # waits behind the commit in flight
+    drained = asyncio.ensure_future(writer.drain())
+    committed = asyncio.ensure_future(writer.wait_for_commit())
+    gave_up = asyncio.ensure_future(writer.drain())
+    await asyncio.sleep(0)
+    gave_up.cancel()
+    store.settle(0)
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert committed.done() and not drained.done()  # events 1-1 are in flight now
+    assert store.calls == ["events 0-0", "events 1-1"]
+    store.settle(1)
+    await asyncio.wait_for(drained, 1)
+    assert gave_up.cancelled()
+    writer.push([_delta(2)])
+    failed = asyncio.ensure_future(writer.drain())
+    store.settle(2, StoreError("disk full"))
+    with pytest.raises(StoreError, match="disk full"):
+        await asyncio.wait_for(failed, 1)
+
+
 async def test_a_subscription_hands_over_batches_in_order_and_survives_a_cancelled_wait() -> None:
     store = _Store()
     writer, run = _writer(store)
