@@ -21,7 +21,9 @@ the HTTP benchmark's VM noise often is not.
 calls a token (those of Python code, and all, C functions included) from the first token to the
 last commit: a count, which moves only with how the tokens fell into commits (a few per cent
 between runs of one tree), where CPU time on a shared VM moves by a fifth. Fewer calls is not
-less time by itself, but on this path it nearly always is (each costs 0.1-0.5 µs here).
+less time by itself, but on this path it nearly always is (each costs 0.1-0.5 µs here). Only
+the event loop's thread is counted: on SQLite a commit's plan and statements run in its writer
+thread (``persistence.sqlite_writer``) and are left out, on PostgreSQL they are in.
 """
 
 from __future__ import annotations

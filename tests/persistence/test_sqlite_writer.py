@@ -67,8 +67,8 @@ async def test_a_commit_never_waits_for_a_checkpoint(
         release.wait(10)
         checkpoint()
 
-    # this writer's only: a class-wide patch would reach every writer of the process (a server
-    # another test left running in a thread), and this test would count their checkpoints too
+    # this writer's only: a class-wide patch would reach every writer of the process (the
+    # session-scoped ledger servers of tests/e2e and tests/clients run in threads, and probe)
     monkeypatch.setattr(writer, "_run_checkpoint", slow_checkpoint)
     await _put(writer, "first")  # starts a checkpoint, which hangs
     assert await asyncio.to_thread(started.wait, 5)
@@ -98,7 +98,7 @@ async def test_a_failing_checkpoint_is_logged_once_and_the_commits_go_on(
             await _put(writer, f"n{i}")
             await eventually(lambda: writer._checkpoint is None, "the checkpoint's end")
     assert len(attempts) == 4  # retried with each commit
-    # this loop's records only (a writer of another test's server thread logs to the same logger)
+    # this loop's records only (a session-scoped server's writer logs to the same logger)
     assert [r.getMessage() for r in caplog.records if r.thread == threading.get_ident()] == [
         "SQLite checkpoint failed (disk I/O error); retried after the next commits"
     ]
