@@ -3,6 +3,8 @@
     python -m bench run                                  # everything available, full matrix
     python -m bench run --concurrency 1,16 --reps 1 --tokens 200     # a quick look
     python -m bench run --target naive --target naive-c16 --write-results
+    python -m bench run --rounds 3 --reps 1 --concurrency 256 --token-delay-ms 10 --tokens 200
+                                                         # ratios paired round by round (a noisy VM)
     python -m bench targets                              # what can run here, and why not
 
 The load generator and the naive peer also run on their own: ``python -m bench.loadgen --help``,
@@ -57,6 +59,14 @@ def _parser() -> argparse.ArgumentParser:
         help="comma-separated stream counts (default 1,16,64,256)",
     )
     run.add_argument("--reps", type=int, default=3, help="measured runs per cell (median)")
+    run.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run the whole matrix this many times, every cell in turn with a fresh server "
+        "(a slow spell of a shared machine then hits every target of a round); the ratio is "
+        "then the median of each round's ratio to the naive peer",
+    )
     run.add_argument("--tokens", type=int, default=1000, help="output tokens per stream")
     run.add_argument(
         "--token-delay-ms",
@@ -127,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "run" and args.stagger and not args.token_delay_ms:
         parser.error("--stagger needs --token-delay-ms: only a paced stream has a duration to spread the starts over")
+    if args.command == "run" and (args.rounds < 1 or args.reps < 1):
+        parser.error("--rounds and --reps take 1 or more")
     targets = default_targets()
     if args.command == "targets":
         for t in targets:
@@ -142,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     config = MatrixConfig(
         concurrency=args.concurrency,
         reps=args.reps,
+        rounds=args.rounds,
         tokens=args.tokens,
         token_delay_ms=args.token_delay_ms,
         total_tokens=args.total_tokens,

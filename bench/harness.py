@@ -79,6 +79,11 @@ HOST = "127.0.0.1"
 class MatrixConfig:
     concurrency: tuple[int, ...] = (1, 16, 64, 256)
     reps: int = 3
+    #: Rounds of the whole matrix, one after the other: each round runs every cell (C, target)
+    #: in turn with a fresh server, so a slow spell of a shared machine falls on every target of
+    #: a round, not on one target's reps. With more than one, a cell's ratio is the median over
+    #: the rounds of its tokens/s over the reference's in the same round (a paired ratio).
+    rounds: int = 1
     tokens: int = 1000
     #: The step of the paced engines (the ledger's scripted engine, the naive peer): every stream
     #: gets one token per step, as from a real engine's step loop (0: as fast as they can). A
@@ -121,6 +126,8 @@ class RunResult:
     target: str
     concurrency: int
     rep: int
+    #: Which round of the matrix (``MatrixConfig.rounds``) the run belongs to.
+    round: int = 0
     streams: int = 0
     errors: int = 0
     error_samples: list[str] = field(default_factory=list)
@@ -567,7 +574,9 @@ def _children_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _run_target(config: MatrixConfig, target: Target, concurrency: int) -> list[RunResult]:
+def _run_target(
+    config: MatrixConfig, target: Target, concurrency: int, round_: int = 0
+) -> list[RunResult]:
     workdir = Path(
         tempfile.mkdtemp(prefix=f"bench-{target.name}-c{concurrency}-", dir=config.workdir_root)
     )
@@ -599,6 +608,7 @@ def _run_target(config: MatrixConfig, target: Target, concurrency: int) -> list[
             result = _measure(
                 config, target, server, database, port, concurrency, rep, workdir, times_dir
             )
+            result.round = round_
             config.log(
                 f"  rep {rep}: {result.tokens_per_s:,.0f} tok/s, "
                 f"server {_fmt(result.server_cpu_us_per_token, 2)} µs/tok, "
@@ -611,7 +621,9 @@ def _run_target(config: MatrixConfig, target: Target, concurrency: int) -> list[
     except Exception as exc:  # a target that fails must not stop the others
         message = f"{type(exc).__name__}: {exc}"
         config.log(f"  FAILED: {message}")
-        results.append(RunResult(target.name, concurrency, len(results), failure=message))
+        results.append(
+            RunResult(target.name, concurrency, len(results), round=round_, failure=message)
+        )
     finally:
         if server is not None:
             server.stop()
@@ -637,9 +649,12 @@ def run_matrix(targets: Sequence[Target], config: MatrixConfig) -> list[RunResul
         else:
             runnable.append(target)
     results: list[RunResult] = []
-    for concurrency in config.concurrency:
-        for target in runnable:
-            results.extend(_run_target(config, target, concurrency))
+    for round_ in range(config.rounds):
+        if config.rounds > 1:
+            config.log(f"round {round_ + 1} of {config.rounds}")
+        for concurrency in config.concurrency:
+            for target in runnable:
+                results.extend(_run_target(config, target, concurrency, round_))
     return results
 
 
@@ -675,6 +690,24 @@ def _median(values: Iterable[float | None]) -> float | None:
     return statistics.median(present) if present else None
 
 
+def _paired_ratio(runs: Sequence[RunResult], reference: Sequence[RunResult]) -> float | None:
+    """The median over rounds of a cell's tokens/s over the reference's in the same round
+    (each round's own median of its reps); None unless both ran in more than one round."""
+
+    def by_round(of: Sequence[RunResult]) -> dict[int, float]:
+        rounds: dict[int, list[float]] = {}
+        for r in of:
+            if r.failure is None and r.tokens_per_s:
+                rounds.setdefault(r.round, []).append(r.tokens_per_s)
+        return {k: statistics.median(v) for k, v in rounds.items()}
+
+    mine, theirs = by_round(runs), by_round(reference)
+    shared = sorted(set(mine) & set(theirs))
+    if len(shared) < 2:
+        return None
+    return statistics.median(mine[k] / theirs[k] for k in shared)
+
+
 def summarize(results: Sequence[RunResult], reference: str = "naive") -> list[Summary]:
     groups: dict[tuple[str, int], list[RunResult]] = {}
     for r in results:
@@ -687,6 +720,7 @@ def summarize(results: Sequence[RunResult], reference: str = "naive") -> list[Su
         ok = [r for r in runs if r.failure is None]
         tps = medians[(name, c)]
         ref = medians.get((reference, c))
+        paired = _paired_ratio(runs, groups.get((reference, c), []))
         spread = None
         if tps and len(ok) > 1:
             spread = (max(r.tokens_per_s for r in ok) - min(r.tokens_per_s for r in ok)) / tps * 100
@@ -701,7 +735,7 @@ def summarize(results: Sequence[RunResult], reference: str = "naive") -> list[Su
                 reps=len(ok),
                 tokens_per_s=tps,
                 spread_pct=spread,
-                ratio_to_naive=(tps / ref) if tps and ref else None,
+                ratio_to_naive=paired if paired is not None else (tps / ref) if tps and ref else None,
                 latency_p50_ms=m("latency_p50_ms"),
                 latency_p99_ms=m("latency_p99_ms"),
                 ttft_p50_ms=m("ttft_p50_ms"),
@@ -823,13 +857,17 @@ def render_markdown(
         f"- Load: {config.tokens} tokens per stream"
         + (f" (the engine paced at {config.token_delay_ms:g} ms a token)" if config.token_delay_ms else "")
         + f", about {config.total_tokens:,} tokens per "
-        f"run{cap}, {config.reps} run(s) per cell (medians), {pin}",
+        f"run{cap}, {config.reps} run(s) per cell"
+        + (f" in each of {config.rounds} rounds (medians over all)" if config.rounds > 1 else " (medians)")
+        + f", {pin}",
         "- Targets: " + "; ".join(f"**{t.name}**: {t.description}" for t in targets),
         "",
         render_table(summaries),
         "",
         "tokens/s: delta events delivered per second over all streams. ratio: tokens/s over the "
-        "naive peer at the same C. p50/p99: engine yield → client read of each token. "
+        "naive peer at the same C"
+        + ("; with rounds, the median of each round's ratio" if config.rounds > 1 else "")
+        + ". p50/p99: engine yield → client read of each token. "
         "TTFT: request sent → first delta read. server µs/tok: CPU (user+sys) of the server "
         "process tree per token; of it sys: the kernel's part of that (system time); server "
         "CPU: cores used. DB µs/tok: PostgreSQL backends. "
