@@ -692,7 +692,8 @@ def _median(values: Iterable[float | None]) -> float | None:
 
 def _paired_ratio(runs: Sequence[RunResult], reference: Sequence[RunResult]) -> float | None:
     """The median over rounds of a cell's tokens/s over the reference's in the same round
-    (each round's own median of its reps); None unless both ran in more than one round."""
+    (each round's own median of its reps); None unless both ran in at least two of the same
+    rounds."""
 
     def by_round(of: Sequence[RunResult]) -> dict[int, float]:
         rounds: dict[int, list[float]] = {}
