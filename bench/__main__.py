@@ -5,6 +5,8 @@
     python -m bench run --target naive --target naive-c16 --write-results
     python -m bench run --rounds 3 --reps 1 --concurrency 256 --token-delay-ms 10 --tokens 200
                                                          # ratios paired round by round (a noisy VM)
+    python -m bench run --profile /tmp/prof --target naive --target ledger-postgres --concurrency 256 \
+        --token-delay-ms 10 --tokens 200 --reps 1     # where each server's CPU goes (bench.cpu_split)
     python -m bench targets                              # what can run here, and why not
 
 The load generator and the naive peer also run on their own: ``python -m bench.loadgen --help``,
@@ -18,6 +20,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from bench import cpu_split
 from bench.harness import (
     MatrixConfig,
     machine_info,
@@ -120,6 +123,13 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--keep-workdirs", action="store_true", help="keep server logs and databases")
     run.add_argument("--json", type=Path, help="also write every run and summary as JSON here")
     run.add_argument(
+        "--profile",
+        type=Path,
+        metavar="DIR",
+        help="profile each measured run's server under cProfile (its CPU figures are then "
+        "inflated), keep the profiles in DIR and print where the CPU went (bench.cpu_split)",
+    )
+    run.add_argument(
         "--write-results",
         nargs="?",
         type=Path,
@@ -169,12 +179,18 @@ def main(argv: list[str] | None = None) -> int:
         warmup=not args.no_warmup,
         stagger=args.stagger,
         keep_workdirs=args.keep_workdirs,
+        profile_dir=args.profile,
     )
     command = shlex.join(["python", "-m", "bench", *(sys.argv[1:] if argv is None else argv)])
     results = run_matrix(selected, config)
     summaries = summarize(results)
     info = machine_info()
     print(render_table(summaries))
+    if args.profile is not None:
+        profiles = cpu_split.load_dir(args.profile)
+        if profiles:
+            print()
+            print(cpu_split.render(profiles))
     if args.json:
         args.json.write_text(to_json(results, summaries, config, command, info))
     if args.write_results:

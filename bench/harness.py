@@ -112,6 +112,10 @@ class MatrixConfig:
     stagger: bool = False
     keep_workdirs: bool = False
     workdir_root: Path | None = None
+    #: Profile every measured run's server under cProfile (``bench.profiled``) and keep the
+    #: profiles here, ``<target>-c<C>-round<R>-rep<K>.prof`` with a ``.json`` of the run's
+    #: tokens and streams (``bench.cpu_split`` reads them). Those runs' CPU figures are inflated.
+    profile_dir: Path | None = None
     log: Callable[[str], None] = field(
         default=lambda line: print(line, file=sys.stderr, flush=True)
     )
@@ -495,8 +499,9 @@ def _measure(
     rep: int,
     workdir: Path,
     times_dir: Path | None,
+    round_: int = 0,
 ) -> RunResult:
-    result = RunResult(target.name, concurrency, rep)
+    result = RunResult(target.name, concurrency, rep, round=round_)
     result.quiet_wait_s = _wait_quiet(config)
     if times_dir is not None:
         _clear(times_dir)
@@ -507,6 +512,8 @@ def _measure(
     cpu0 = _tree_cpu_s(server.pid, kernel0)
     busy0, window0 = _system_busy_s(), time.monotonic()
     lg_self0 = _children_cpu_s()
+    if config.profile_dir is not None:
+        os.kill(server.pid, signal.SIGUSR1)  # bench.profiled: profile from now on
 
     report = _run_loadgen(
         config,
@@ -565,7 +572,40 @@ def _measure(
     result.peak_rss_mib = _vm_hwm_mib(server.pid)
     if not hwm_reset and rep == 0:
         config.log("  could not reset VmHWM: peak RSS is since the server started")
+    if config.profile_dir is not None:
+        _keep_profile(config.profile_dir, server, workdir / "server.prof", result)
     return result
+
+
+def _profiled_argv(argv: Sequence[str], out: Path) -> list[str]:
+    """A server's ``python (-m MODULE | -c CODE) ARGS`` run under ``bench.profiled``."""
+    python, *rest = argv
+    return [python, "-m", "bench.profiled", str(out), "--", *rest]
+
+
+def _keep_profile(directory: Path, server: _Server, written: Path, result: RunResult) -> None:
+    """Stop the server's profile (``bench.profiled`` writes it on SIGUSR2) and keep it, with
+    what ``bench.cpu_split`` needs to know of the run, under ``directory``."""
+    written.unlink(missing_ok=True)
+    os.kill(server.pid, signal.SIGUSR2)
+    deadline = time.monotonic() + 60
+    while not written.exists():
+        if time.monotonic() > deadline or server.proc.poll() is not None:
+            raise RuntimeError(f"the server wrote no profile: {server.log_tail()}")
+        time.sleep(0.05)
+    name = f"{result.target}-c{result.concurrency}-round{result.round}-rep{result.rep}"
+    directory.mkdir(parents=True, exist_ok=True)
+    shutil.move(written, directory / f"{name}.prof")
+    meta = {
+        "target": result.target,
+        "concurrency": result.concurrency,
+        "round": result.round,
+        "rep": result.rep,
+        "tokens": result.tokens,
+        "streams": result.streams,
+        "server_cpu_us_per_token": result.server_cpu_us_per_token,
+    }
+    (directory / f"{name}.json").write_text(json.dumps(meta))
 
 
 def _children_cpu_s() -> float:
@@ -592,7 +632,10 @@ def _run_target(
         values = placeholders(HOST, port, workdir, database.url, config.token_delay_ms)
         values.update(target.prepare(workdir, config.tokens, config.token_delay_ms))
         extra_env = {token_times.ENV_VAR: str(times_dir)} if times_dir is not None else {}
-        argv = _pinned(config.server_cpus, render_argv(target, values), config.nice)
+        command = render_argv(target, values)
+        if config.profile_dir is not None:
+            command = _profiled_argv(command, workdir / "server.prof")
+        argv = _pinned(config.server_cpus, command, config.nice)
         config.log(f"[{target.name} C={concurrency}] {shlex.join(argv)}")
         server = _Server(argv, server_env(target, extra_env), workdir / "server.log")
         _raise_priority(server.pid, config.nice)
@@ -606,9 +649,8 @@ def _run_target(
                 config.log(f"  warm-up errors: {warm['errors'][:3]}")
         for rep in range(config.reps):
             result = _measure(
-                config, target, server, database, port, concurrency, rep, workdir, times_dir
+                config, target, server, database, port, concurrency, rep, workdir, times_dir, round_
             )
-            result.round = round_
             config.log(
                 f"  rep {rep}: {result.tokens_per_s:,.0f} tok/s, "
                 f"server {_fmt(result.server_cpu_us_per_token, 2)} µs/tok, "
