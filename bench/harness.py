@@ -9,7 +9,9 @@ drifts during a long run.
 Per measured run:
 
 - delivered tokens/s: delta events read by the load generator per second of its wall time;
-- latency p50/p99: engine yield to client read, from the token-times side channel;
+- latency p50/p99: engine yield to client read, from the token-times side channel; "mid p99"
+  the p99 of each stream's deltas but its first and last ten (its steady state: streams that
+  start and end together hold up each other's first and last tokens);
 - server CPU µs per token: ``utime + stime`` of the server process and its descendants
   (``/proc/<pid>/stat``, clock ticks) before and after the load, over the tokens delivered;
   PostgreSQL's work is in its backends, reported separately as "DB µs/tok" (sum over the
@@ -140,6 +142,10 @@ class RunResult:
     tokens_per_s: float = 0.0
     latency_p50_ms: float | None = None
     latency_p99_ms: float | None = None
+    #: p99 of each stream's deltas but its first and last ten (``bench.loadgen``'s
+    #: ``latency_mid_ms``): the steady state, without the bursts of streams that end and start
+    #: together.
+    latency_mid_p99_ms: float | None = None
     ttft_p50_ms: float | None = None
     server_cpu_us_per_token: float | None = None
     server_cpu_util: float | None = None
@@ -551,6 +557,9 @@ def _measure(
     if latency and latency["n"]:
         result.latency_p50_ms = latency["p50"]
         result.latency_p99_ms = latency["p99"]
+        middle = report.get("latency_mid_ms")
+        if middle and middle["n"]:
+            result.latency_mid_p99_ms = middle["p99"]
     if report["ttft_ms"]["n"]:
         result.ttft_p50_ms = report["ttft_ms"]["p50"]
     if tokens:
@@ -713,6 +722,7 @@ class Summary:
     ratio_to_naive: float | None
     latency_p50_ms: float | None
     latency_p99_ms: float | None
+    latency_mid_p99_ms: float | None
     ttft_p50_ms: float | None
     server_cpu_us_per_token: float | None
     server_sys_us_per_token: float | None
@@ -781,6 +791,7 @@ def summarize(results: Sequence[RunResult], reference: str = "naive") -> list[Su
                 ratio_to_naive=paired if paired is not None else (tps / ref) if tps and ref else None,
                 latency_p50_ms=m("latency_p50_ms"),
                 latency_p99_ms=m("latency_p99_ms"),
+                latency_mid_p99_ms=m("latency_mid_p99_ms"),
                 ttft_p50_ms=m("ttft_p50_ms"),
                 server_cpu_us_per_token=m("server_cpu_us_per_token"),
                 server_sys_us_per_token=m("server_sys_us_per_token"),
@@ -812,6 +823,7 @@ _COLUMNS = (
     ("ratio", lambda s: _fmt(s.ratio_to_naive, 2)),
     ("p50 ms", lambda s: _fmt(s.latency_p50_ms, 3)),
     ("p99 ms", lambda s: _fmt(s.latency_p99_ms, 2)),
+    ("mid p99 ms", lambda s: _fmt(s.latency_mid_p99_ms, 2)),
     ("TTFT p50 ms", lambda s: _fmt(s.ttft_p50_ms, 1)),
     ("server µs/tok", lambda s: _fmt(s.server_cpu_us_per_token, 2)),
     ("of it sys", lambda s: _fmt(s.server_sys_us_per_token, 2)),
@@ -910,7 +922,8 @@ def render_markdown(
         "tokens/s: delta events delivered per second over all streams. ratio: tokens/s over the "
         "naive peer at the same C"
         + ("; with rounds, the median of each round's ratio" if config.rounds > 1 else "")
-        + ". p50/p99: engine yield → client read of each token. "
+        + ". p50/p99: engine yield → client read of each token; mid p99: of each stream's "
+        "deltas but its first and last ten. "
         "TTFT: request sent → first delta read. server µs/tok: CPU (user+sys) of the server "
         "process tree per token; of it sys: the kernel's part of that (system time); server "
         "CPU: cores used. DB µs/tok: PostgreSQL backends. "

@@ -28,6 +28,10 @@ The JSON report: delivered tokens/s (delta events read, all streams, over the wa
 first request to the last stream's end), events/s, stream count, errors, per-stream event counts,
 latency percentiles and samples, time to first delta, and the load generator's own CPU time over
 the same window (if its CPU use approaches its wall time, the load generator is the bottleneck).
+``latency_mid_ms`` is the latency of every stream's deltas but its first and last ten
+(``MID_EDGE``): a stream's steady state. When the streams start and end together (the benchmark's
+default), the first and last tokens of each wait behind the other streams' set-ups and endings,
+and they are most of the slowest 1%.
 
 Run: ``python -m bench.loadgen --url http://127.0.0.1:8123 --concurrency 16 --streams-per-worker
 4 --body '{"model":"gpt-oss-20b","input":"hi","stream":true,"max_output_tokens":1000}'
@@ -417,6 +421,10 @@ async def _wait_for_files(paths: list[Path], deadline_s: float) -> None:
         await asyncio.sleep(0.05)
 
 
+#: Deltas left out at each end of a stream for ``latency_mid_ms``.
+MID_EDGE = 10
+
+
 async def _latency(config: LoadConfig, readers: list[StreamReader]) -> dict:
     assert config.token_times_dir is not None
     directory = config.token_times_dir
@@ -428,6 +436,8 @@ async def _latency(config: LoadConfig, readers: list[StreamReader]) -> dict:
     await _wait_for_files([p for _, _, p in wanted], 3.0)
     offset = config.token_offset
     latencies = array("q")
+    # a stream's deltas but its first and last MID_EDGE: its steady state (see the docstring)
+    middle = array("q")
     samples_src: list[tuple[int, int, int, int]] = []
     missing = unmatched = 0
     # Up to ``samples`` deltas drawn uniformly (seeded) from all of them: a stride of every N-th
@@ -444,11 +454,14 @@ async def _latency(config: LoadConfig, readers: list[StreamReader]) -> dict:
         usable = len(yields) - offset
         unmatched += max(0, reader.deltas - usable)
         ordinal = 0
+        inner = range(MID_EDGE, reader.deltas - MID_EDGE)
         for read_ns, upto in zip(reader.batch_ns, reader.batch_deltas, strict=True):
             stop = min(upto, usable)
             while ordinal < stop:
                 y = yields[ordinal + offset]
                 latencies.append(read_ns - y)
+                if ordinal in inner:
+                    middle.append(read_ns - y)
                 if position in chosen:
                     samples_src.append((index, ordinal, read_ns, y))
                 position += 1
@@ -466,7 +479,7 @@ async def _latency(config: LoadConfig, readers: list[StreamReader]) -> dict:
         {"stream": i, "delta": o, "read_ns": r, "yield_ns": y, "ms": (r - y) / 1e6}
         for i, o, r, y in samples_src
     ]
-    return {"latency_ms": summary, "latency_samples": samples}
+    return {"latency_ms": summary, "latency_mid_ms": _summary_ms(middle), "latency_samples": samples}
 
 
 async def run_load(config: LoadConfig) -> dict:

@@ -9,7 +9,7 @@ from array import array
 import pytest
 
 from bench import token_times
-from bench.loadgen import LoadConfig, StreamReader, _latency
+from bench.loadgen import MID_EDGE, LoadConfig, StreamReader, _latency
 from bench.naive import _events
 
 HEAD = (
@@ -190,3 +190,26 @@ def test_latency_samples_come_from_all_of_the_streams_deltas(tmp_path):
     assert len({s["delta"] for s in samples}) > 1
     for s in samples:
         assert s["ms"] == pytest.approx(1 + s["delta"] / 1000)
+
+
+def test_the_mid_stream_latency_leaves_out_each_streams_first_and_last_ten_deltas(tmp_path):
+    """Streams that start and end together hold up each other's first and last tokens: the
+    steady state's latency is reported apart (``latency_mid_ms``), the whole one as before."""
+    readers = []
+    for _ in range(4):
+        reader = StreamReader(None)
+        reader.feed(chunked(naive_frames(30)), now=0)
+        # the first and last ten deltas 100 ms after their yield, the middle ten 1 ms
+        late = [100 if i < MID_EDGE or i >= 30 - MID_EDGE else 1 for i in range(30)]
+        reader.batch_ns = array("q", [10_000_000 + i * 1_000_000 + late[i] * 1_000_000 for i in range(30)])
+        reader.batch_deltas = array("q", range(1, 31))
+        token_times.write(tmp_path, reader.response_id, [10_000_000 + i * 1_000_000 for i in range(30)])
+        readers.append(reader)
+    config = LoadConfig(url="http://x/v1/responses", body=b"{}", token_times_dir=tmp_path)
+
+    report = asyncio.run(_latency(config, readers))
+
+    assert report["latency_ms"]["n"] == 120 and report["latency_ms"]["p99"] == pytest.approx(100)
+    middle = report["latency_mid_ms"]
+    assert middle["n"] == 4 * (30 - 2 * MID_EDGE)
+    assert middle["p99"] == pytest.approx(1) and middle["max"] == pytest.approx(1)
