@@ -552,7 +552,7 @@ def _measure(
     if latency and latency["streams_without_file"] and rep == 0:
         config.log(
             f"  {latency['streams_without_file']} of {report['streams']} streams have no "
-            f"token-times file: does the server implement {token_times.ENV_VAR}?"
+            f"token times: does the server implement {token_times.ENV_VAR}?"
         )
     if latency and latency["n"]:
         result.latency_p50_ms = latency["p50"]

@@ -415,9 +415,15 @@ def _summary_ms(values_ns: array) -> dict[str, float | int]:
     }
 
 
-async def _wait_for_files(paths: list[Path], deadline_s: float) -> None:
+async def _wait_for_times(directory: Path, ids: set[str], deadline_s: float) -> dict[str, array]:
+    """Every response's token times in ``directory``, once all of ``ids`` are there or
+    ``deadline_s`` has passed (a server appends a response's record before its terminal event,
+    so after the run they are nearly always there at once)."""
     deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline and not all(p.exists() for p in paths):
+    while True:
+        found = token_times.read_all(directory)
+        if ids <= found.keys() or time.monotonic() >= deadline:
+            return found
         await asyncio.sleep(0.05)
 
 
@@ -428,12 +434,8 @@ MID_EDGE = 10
 async def _latency(config: LoadConfig, readers: list[StreamReader]) -> dict:
     assert config.token_times_dir is not None
     directory = config.token_times_dir
-    wanted = [
-        (i, r, token_times.path_for(directory, r.response_id))
-        for i, r in enumerate(readers)
-        if r.response_id and r.error is None
-    ]
-    await _wait_for_files([p for _, _, p in wanted], 3.0)
+    wanted = [(i, r) for i, r in enumerate(readers) if r.response_id and r.error is None]
+    found = await _wait_for_times(directory, {r.response_id for _, r in wanted if r.response_id}, 3.0)
     offset = config.token_offset
     latencies = array("q")
     # a stream's deltas but its first and last MID_EDGE: its steady state (see the docstring)
@@ -442,13 +444,12 @@ async def _latency(config: LoadConfig, readers: list[StreamReader]) -> dict:
     missing = unmatched = 0
     # Up to ``samples`` deltas drawn uniformly (seeded) from all of them: a stride of every N-th
     # delta of each stream kept only each stream's first once N exceeded a stream's length.
-    total = sum(r.deltas for _, r, _ in wanted)
+    total = sum(r.deltas for _, r in wanted)
     chosen = set(random.Random(0).sample(range(total), min(max(0, config.samples), total)))
     position = 0
-    for index, reader, path in wanted:
-        try:
-            yields = token_times.read(path)
-        except FileNotFoundError:
+    for index, reader in wanted:
+        yields = found.get(reader.response_id or "")
+        if yields is None:
             missing += 1
             continue
         usable = len(yields) - offset

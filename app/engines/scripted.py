@@ -22,10 +22,11 @@ The latest prompts (``PROMPTS_KEPT`` of them, so a long-running server does not 
 prompt per request) are kept in :attr:`ScriptedEngine.prompts`, so tests can compare prompt token
 ids; :attr:`ScriptedEngine.prompt_count` counts them all.
 
-For the benchmark's latency figures, with ``BENCH_TOKEN_TIMES_DIR`` set the engine writes, for
-each request, ``<dir>/<request_id>.ns``: the ``time.monotonic_ns()`` at which it yielded each
-output token, as little-endian int64s, written (atomically) before the final chunk. The service
-uses the response id as the engine request id, so the file is named by the response id.
+For the benchmark's latency figures, with ``BENCH_TOKEN_TIMES_DIR`` set the engine appends, for
+each request, a record to ``<dir>/<pid>.times``: the request id and the ``time.monotonic_ns()``
+at which it yielded each output token, as little-endian int64s, written before the final chunk
+(``bench.token_times``). The service uses the response id as the engine request id, so the
+record is the response's.
 """
 
 from __future__ import annotations

@@ -178,7 +178,7 @@ def test_latency_samples_come_from_all_of_the_streams_deltas(tmp_path):
         assert reader.response_id and reader.deltas == 30
         reader.batch_ns = array("q", [10_000_000 + i * 1_000_000 + 1_000_000 + i * 1_000 for i in range(30)])
         reader.batch_deltas = array("q", range(1, 31))
-        token_times.write(tmp_path, reader.response_id, [10_000_000 + i * 1_000_000 for i in range(30)])
+        token_times.append(tmp_path, reader.response_id, [10_000_000 + i * 1_000_000 for i in range(30)])
         readers.append(reader)
     config = LoadConfig(url="http://x/v1/responses", body=b"{}", token_times_dir=tmp_path, samples=6)
 
@@ -203,7 +203,7 @@ def test_the_mid_stream_latency_leaves_out_each_streams_first_and_last_ten_delta
         late = [100 if i < MID_EDGE or i >= 30 - MID_EDGE else 1 for i in range(30)]
         reader.batch_ns = array("q", [10_000_000 + i * 1_000_000 + late[i] * 1_000_000 for i in range(30)])
         reader.batch_deltas = array("q", range(1, 31))
-        token_times.write(tmp_path, reader.response_id, [10_000_000 + i * 1_000_000 for i in range(30)])
+        token_times.append(tmp_path, reader.response_id, [10_000_000 + i * 1_000_000 for i in range(30)])
         readers.append(reader)
     config = LoadConfig(url="http://x/v1/responses", body=b"{}", token_times_dir=tmp_path)
 

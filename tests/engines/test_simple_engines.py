@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from array import array
 from pathlib import Path
 
 import pytest
@@ -75,8 +74,9 @@ async def test_token_times_are_written_for_the_benchmark(
     monkeypatch.setenv("BENCH_TOKEN_TIMES_DIR", str(tmp_path))
     engine = ScriptedEngine(ENC, ["m"], {"turns": [{"completion": COMPLETION}]})
     chunks = await _collect(engine, Sampling(stop_token_ids=STOPS), "resp_x")
-    times = array("q")
-    times.frombytes((tmp_path / "resp_x.ns").read_bytes())
+    from bench import token_times
+
+    times = token_times.read_all(tmp_path)["resp_x"]
     assert len(times) == sum(len(c.token_ids) for c in chunks)
     assert list(times) == sorted(times)
 
