@@ -26,7 +26,9 @@ transaction on ext4, and while a database on the same disk fsyncs, ``open(O_CREA
 file waited ~0.5 ms (the ledger's server spent that of each response's end in ``open``, blocking
 its event loop, the naive peer 0.05 ms): the instrument disturbed what it measures, unequally.
 Appending to a file that exists takes no new inode. The file is opened for each record (a few µs)
-so that a reader that clears the directory between runs loses nothing written after.
+so that a reader that clears the directory between runs loses nothing written after. The writer
+is the scripted engine's (``app.engines.echo.write_token_times``, which the ledger's server runs);
+:func:`append` is that same function, for the naive peer and the tests.
 
 Matching (done by :mod:`bench.loadgen`): token ``i + offset`` is matched to the ``i``-th delta
 event (any ``response.*.delta``) that the client read on that stream. ``offset`` is a property of
@@ -46,9 +48,11 @@ import os
 import struct
 import sys
 from array import array
-from collections.abc import Sequence
 from pathlib import Path
 from time import monotonic_ns
+
+from app.engines.echo import token_times_record as encode_record
+from app.engines.echo import write_token_times as append
 
 __all__ = ["ENV_VAR", "SUFFIX", "TokenTimes", "append", "directory_from_env", "encode_record", "read_all"]
 
@@ -62,29 +66,6 @@ def directory_from_env() -> Path | None:
     """The directory to write token times to, or ``None`` when the benchmark did not ask."""
     value = os.environ.get(ENV_VAR)
     return Path(value) if value else None
-
-
-def encode_record(response_id: str, times_ns: array | Sequence[int]) -> bytes:
-    """One response's record (see the module docstring)."""
-    key = response_id.encode()
-    if not key or len(key) > 0xFFFF:
-        raise ValueError(f"not a usable response id: {response_id!r}")
-    values = times_ns if isinstance(times_ns, array) and times_ns.typecode == "q" else array("q", times_ns)
-    if sys.byteorder != "little":
-        values = array("q", values)
-        values.byteswap()
-    return _HEAD.pack(len(key)) + key + _COUNT.pack(len(values)) + values.tobytes()
-
-
-def append(directory: Path, response_id: str, times_ns: array | Sequence[int]) -> Path:
-    """Append one response's record to this process's file in ``directory``; returns the file."""
-    path = directory / f"{os.getpid()}{SUFFIX}"
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, encode_record(response_id, times_ns))
-    finally:
-        os.close(fd)
-    return path
 
 
 def read_all(directory: Path) -> dict[str, array]:

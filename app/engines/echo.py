@@ -27,7 +27,7 @@ from openai_harmony import HarmonyEncoding
 
 from app.engines.protocol import EngineChunk, EngineError, Sampling
 
-__all__ = ["EchoEngine", "StepClock", "echo_completion", "stream_tokens"]
+__all__ = ["EchoEngine", "StepClock", "echo_completion", "stream_tokens", "token_times_record", "write_token_times"]
 
 _YIELD_EVERY = 16
 _LAST_USER = re.compile(r"<\|start\|>user<\|message\|>(.*?)<\|end\|>", re.DOTALL)
@@ -127,21 +127,31 @@ async def stream_tokens(
             on_close()
 
 
-def write_token_times(directory: Path, request_id: str, times: array) -> None:
-    """Append ``request_id``'s record to this process's ``<directory>/<pid>.times``: its id, then
-    a little-endian int64 ``monotonic_ns`` per output token, in one ``write`` (the format
-    ``bench.token_times`` reads; one file a process, not a file a response: creating a file
-    waits on the disk's journal while a database fsyncs, and this runs in the event loop)."""
+def token_times_record(request_id: str, times: Sequence[int]) -> bytes:
+    """One request's token-times record (the format ``bench.token_times`` reads): the id's length
+    (``<H``) and UTF-8 bytes, the count (``<I``), then a little-endian int64 ``monotonic_ns`` per
+    output token."""
+    key = request_id.encode()
+    if not key or len(key) > 0xFFFF:
+        raise ValueError(f"not a usable request id: {request_id!r}")
     data = array("q", times)
     if sys.byteorder != "little":
         data.byteswap()
-    key = request_id.encode()
-    record = struct.pack("<H", len(key)) + key + struct.pack("<I", len(data)) + data.tobytes()
-    fd = os.open(directory / f"{os.getpid()}.times", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    return struct.pack("<H", len(key)) + key + struct.pack("<I", len(data)) + data.tobytes()
+
+
+def write_token_times(directory: Path, request_id: str, times: Sequence[int]) -> Path:
+    """Append ``request_id``'s record to this process's ``<directory>/<pid>.times``, in one
+    ``write``; returns the file. One file a process, opened for each record, not a file a
+    request: creating a file waits on the disk's journal while a database fsyncs, and this runs
+    in the event loop (``bench.token_times``)."""
+    path = directory / f"{os.getpid()}.times"
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
-        os.write(fd, record)
+        os.write(fd, token_times_record(request_id, times))
     finally:
         os.close(fd)
+    return path
 
 
 class EchoEngine:
