@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import itertools
 import json
 import pstats
 import sys
@@ -68,17 +69,15 @@ def component(filename: str) -> str:
         package = path.split("site-packages/", 1)[1].split("/", 1)[0]
         return _PACKAGES.get(package, "other packages")
     parts = path.split("/")
-    for i, part in enumerate(parts[:-1]):
-        if part == "app" and i + 1 < len(parts):
-            rest = parts[i + 1]
-            if rest in ("live.py", "transport.py", "service.py", "http.py"):
-                return f"app/{rest}"
-            return "app/engines" if rest == "engines" else "app (other)"
+    for part, below in itertools.pairwise(parts):  # each folder, with what is under it
+        if part == "app":
+            if below in ("live.py", "transport.py", "service.py", "http.py"):
+                return f"app/{below}"
+            return "app/engines" if below == "engines" else "app (other)"
         if part in _REPO:
             return part
         if part.startswith("python3"):
-            module = parts[i + 1] if i + 1 < len(parts) else ""
-            return module if module in ("json", "asyncio") else "stdlib (other)"
+            return below if below in ("json", "asyncio") else "stdlib (other)"
     return "stdlib (other)" if path.startswith("<frozen") else "other"
 
 
@@ -125,8 +124,6 @@ class Profiled:
     target: str
     concurrency: int
     split: Split
-    #: The runs' server CPU µs a token as the harness measured it (profiled: inflated).
-    server_cpu_us_per_token: float | None
 
 
 def load_dir(directory: Path) -> list[Profiled]:
@@ -145,10 +142,7 @@ def load_dir(directory: Path) -> list[Profiled]:
             stats.add(str(prof))
         tokens = sum(m["tokens"] for _, m in runs)
         responses = sum(m["streams"] for _, m in runs)
-        cpu = [m["server_cpu_us_per_token"] for _, m in runs if m.get("server_cpu_us_per_token") is not None]
-        out.append(
-            Profiled(target, concurrency, split(stats, tokens, responses), sum(cpu) / len(cpu) if cpu else None)
-        )
+        out.append(Profiled(target, concurrency, split(stats, tokens, responses)))
     return out
 
 

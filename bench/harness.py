@@ -557,9 +557,8 @@ def _measure(
     if latency and latency["n"]:
         result.latency_p50_ms = latency["p50"]
         result.latency_p99_ms = latency["p99"]
-        middle = report.get("latency_mid_ms")
-        if middle and middle["n"]:
-            result.latency_mid_p99_ms = middle["p99"]
+        if report["latency_mid_ms"]["n"]:  # (none when streams have 20 deltas or fewer)
+            result.latency_mid_p99_ms = report["latency_mid_ms"]["p99"]
     if report["ttft_ms"]["n"]:
         result.ttft_p50_ms = report["ttft_ms"]["p50"]
     if tokens:
@@ -612,7 +611,6 @@ def _keep_profile(directory: Path, server: _Server, written: Path, result: RunRe
         "rep": result.rep,
         "tokens": result.tokens,
         "streams": result.streams,
-        "server_cpu_us_per_token": result.server_cpu_us_per_token,
     }
     (directory / f"{name}.json").write_text(json.dumps(meta))
 
@@ -942,7 +940,6 @@ def to_json(
     info: dict[str, Any],
 ) -> str:
     cfg = {k: v for k, v in asdict(config).items() if k != "log"}
-    cfg["workdir_root"] = str(cfg["workdir_root"]) if cfg["workdir_root"] else None
     return json.dumps(
         {
             "command": command,
@@ -952,4 +949,11 @@ def to_json(
             "runs": [asdict(r) for r in results],
         },
         indent=1,
+        default=_path_text,  # the config's folders (workdir_root, profile_dir)
     )
+
+
+def _path_text(value: object) -> str:
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")

@@ -83,22 +83,25 @@ def test_a_split_needs_tokens():
 @pytest.mark.slow
 def test_a_profiled_run_keeps_each_servers_profile_and_prints_the_split(tmp_path):
     """The naive peer (``-m``) and the ledger (``-c``) each under ``bench.profiled``, through
-    the harness, as a developer runs it."""
+    the harness, as a developer runs it; their token times (the scripted engine's side file, the
+    peer's) reach the load generator, whose mid-stream p99 the harness reports."""
     profiles = tmp_path / "profiles"
+    report = tmp_path / "bench.json"
     proc = subprocess.run(
         [
             sys.executable, "-m", "bench", "run",
             "--profile", str(profiles),
             "--target", "naive", "--target", "ledger-sqlite",
-            "--concurrency", "2", "--reps", "1", "--tokens", "20", "--total-tokens", "200",
+            "--concurrency", "2", "--reps", "1", "--tokens", "30", "--total-tokens", "300",
             "--quiet-timeout", "0", "--server-cpus", "none", "--loadgen-cpus", "none",
+            "--json", str(report),
         ],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     for target in ("naive", "ledger-sqlite"):
         meta = json.loads((profiles / f"{target}-c2-round0-rep0.json").read_text())
-        assert meta["tokens"] == 200 and meta["streams"] == 10
+        assert meta["tokens"] == 300 and meta["streams"] == 10
         assert (profiles / f"{target}-c2-round0-rep0.prof").stat().st_size > 0
     found = {p.target: p for p in load_dir(profiles)}
     assert set(found) == {"naive", "ledger-sqlite"}
@@ -113,3 +116,7 @@ def test_a_profiled_run_keeps_each_servers_profile_and_prints_the_split(tmp_path
     assert "C=2: profiled µs a token" in proc.stdout
     assert render(list(found.values())).splitlines()[0] in proc.stdout
     assert "| domain |" in proc.stdout and "| **all** |" in proc.stdout
+    # 30 deltas a stream: ten in the middle of each, every stream's token times found
+    assert "mid p99 ms" in proc.stdout
+    for summary in json.loads(report.read_text())["summaries"]:
+        assert summary["latency_p99_ms"] is not None and summary["latency_mid_p99_ms"] is not None
