@@ -163,6 +163,15 @@ def _append(state: LogState, item: OpenItem, delta: str, next_seq: int) -> LogSt
     return _new(LogState, (next_seq, state[1], state[2], new_item, state[4]))  # type: ignore[no-any-return]
 
 
+def extend_delta(state: LogState, text: str) -> LogState:
+    """The state after ``text`` joins the open item's last delta, already applied: its text
+    grows, no seq is taken (a coalescing builder's deltas, ``domain.builder``)."""
+    item = state.open_item
+    if item is None or item.text_done or not item.parts:
+        raise _fail("delta_for_closed_item", "text joined to a delta of no open item")
+    return _append(state, item, text, state.next_seq)
+
+
 def _check_done(expected: tuple[int, int], got: str, what: str) -> None:
     if fingerprint(got) != expected:
         raise _fail(

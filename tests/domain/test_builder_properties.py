@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 from hypothesis import given, settings
@@ -24,7 +25,7 @@ from domain.events import (
 )
 from domain.machine import check_log
 from domain.projections import fold, from_wire, payload, to_wire
-from tests.domain.factories import make_builder
+from tests.domain.factories import counter_ids, make_builder, response_skeleton
 
 STREAM_EVENT = TypeAdapter(ResponseStreamEvent)
 
@@ -45,20 +46,7 @@ def run_program(program: list[tuple[Any, ...]], end: str, queued: bool) -> Respo
     b.created(queued=queued)
     b.in_progress()
     for op in program:
-        match op:
-            case ("reasoning",):
-                b.open_reasoning()
-            case ("message", phase):
-                b.open_message(phase)
-            case ("function", name):
-                b.open_function_call(name)
-            case ("custom", name):
-                b.open_custom_tool_call(name)
-            case ("append", chunk):
-                if b.open_item_type is not None:
-                    b.append(chunk)
-            case ("close", status):
-                b.close_item(status)
+        run_program_step(b, op)
     b.finish(end, usage=Usage(3, 1, 4, 2), completed_at=5)  # type: ignore[arg-type]
     return b
 
@@ -132,3 +120,67 @@ def test_any_unfinished_prefix_can_be_resumed_and_closed(program: list[tuple[Any
     assert response["error"]["message"] == "the server restarted"
     assert all(item.get("status", "incomplete") == "incomplete" or item in fold(prefix)["output"]
                for item in response["output"])
+
+
+_DELTAS = (OutputTextDelta, ReasoningTextDelta, FunctionCallArgumentsDelta, CustomToolCallInputDelta)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.one_of(step, st.tuples(st.just("take"))), max_size=40), ending)
+def test_a_coalescing_builder_makes_one_delta_of_the_text_between_two_takes(
+    program: list[tuple[Any, ...]], end: str
+) -> None:
+    """The same calls to a coalescing builder and a plain one: the same Response, the same
+    text in every item's deltas, and, between two takes, one delta for each run of appends
+    (what the writer does to the tokens that wait for a commit, ``app.live``)."""
+    plain = make_builder()
+    coalescing = ResponseBuilder(response_skeleton(), new_id=counter_ids(), coalesce=True)
+    batches: list[list[Event]] = []
+    plain_events: list[Event] = []
+    for b in (plain, coalescing):
+        b.created()
+        b.in_progress()
+    for op in program:
+        if op == ("take",):
+            plain_events += plain.take()
+            batches.append(coalescing.take())
+            continue
+        for b in (plain, coalescing):
+            run_program_step(b, op)
+    for b in (plain, coalescing):
+        b.finish(end, usage=Usage(3, 1, 4, 2), completed_at=5)  # type: ignore[arg-type]
+    plain_events += plain.take()
+    batches.append(coalescing.take())
+    events = [e for batch in batches for e in batch]
+    final = check_log(events)
+    assert final.terminal and final.status == end
+    assert fold(events) == fold(plain_events)
+
+    def texts(log: list[Event]) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for e in log:
+            if isinstance(e, _DELTAS):
+                out[e.item_id] = out.get(e.item_id, "") + e.delta
+        return out
+
+    assert texts(events) == texts(plain_events)
+    for batch in batches:  # never two deltas in a row within one take
+        assert not any(isinstance(a, _DELTAS) and isinstance(b, _DELTAS) for a, b in itertools.pairwise(batch))
+    assert sum(isinstance(e, _DELTAS) for e in events) <= sum(isinstance(e, _DELTAS) for e in plain_events)
+
+
+def run_program_step(b: ResponseBuilder, op: tuple[Any, ...]) -> None:
+    match op:
+        case ("reasoning",):
+            b.open_reasoning()
+        case ("message", phase):
+            b.open_message(phase)
+        case ("function", name):
+            b.open_function_call(name)
+        case ("custom", name):
+            b.open_custom_tool_call(name)
+        case ("append", chunk):
+            if b.open_item_type is not None:
+                b.append(chunk)
+        case ("close", status):
+            b.close_item(status)
