@@ -236,12 +236,13 @@ class Takeovers:
         if prompt is None or prompt.detail is None:
             raise CannotContinue(f"{why} before its prompt was recorded")
         spec = GenerationSpec.from_json(prompt.detail)
-        tokens = await store.output_tokens(response_id)
+        writes = await store.output_token_writes(response_id)
+        tokens = [token for write in writes for token in write]
         encrypt = service.cipher.encrypt if spec.encrypt_reasoning else None
         try:
             replayed = replay(
                 events,
-                tokens,
+                writes,
                 new_decoder=lambda builder: spec.decoder(service.encoding, builder),
                 new_id=self._new_id,
                 encrypt_reasoning=encrypt,

@@ -6,7 +6,10 @@ same tokens fed to a fresh :class:`~domain.decoder.HarmonyDecoder` over a fresh
 :class:`~domain.builder.ResponseBuilder` make the same events, except the ids the builder mints.
 So :func:`replay` hands the builder the ids the log already has, in the order they were minted,
 feeds every logged token, and checks that the logged events are a prefix of what it made (same
-``seq``, same type, same item ids). What the replay made beyond the log (``pending``: e.g. the
+``seq``, same type, same item ids). The live writer's builder coalesces (one delta for the text
+of all the tokens an append carried, ``domain.builder``), so the replay feeds the tokens append
+by append and takes the events after each, as the writer did; a log written one delta a token
+(before writers coalesced) is replayed that way when the first fails. What the replay made beyond the log (``pending``: e.g. the
 ``response.in_progress`` of a response whose owner died right after ``response.created``) is
 new: the caller appends it. The parser, the open item and the usage counts are then exactly
 where the dead writer's were, and generation goes on from there. Log probabilities are not in the
@@ -53,17 +56,36 @@ def _minted(events: Sequence[Event]) -> list[str]:
 
 def replay(
     events: Sequence[Event],
-    tokens: Sequence[int],
+    writes: Sequence[Sequence[int]],
     *,
     new_decoder: Callable[[ResponseBuilder], HarmonyDecoder],
     new_id: Callable[[str], str],
     encrypt_reasoning: Callable[[str], str] | None = None,
 ) -> Replayed:
     """A builder and decoder in the state the log's writer was in after its last append.
+    ``writes``: the output token ids of each append that carried some, in order.
     ``new_decoder(builder)``: a decoder as the response's creator made it (custom tools,
     prefill, namespaced functions)."""
     if not events or not isinstance(events[0], ResponseCreated):
         raise CannotReplay("the log does not start with response.created")
+    try:
+        return _replay(events, writes, new_decoder, new_id, encrypt_reasoning, coalesce=True)
+    except CannotReplay as coalesced:
+        try:  # a log written one delta a token
+            return _replay(events, writes, new_decoder, new_id, encrypt_reasoning, coalesce=False)
+        except CannotReplay:
+            raise coalesced from None
+
+
+def _replay(
+    events: Sequence[Event],
+    writes: Sequence[Sequence[int]],
+    new_decoder: Callable[[ResponseBuilder], HarmonyDecoder],
+    new_id: Callable[[str], str],
+    encrypt_reasoning: Callable[[str], str] | None,
+    *,
+    coalesce: bool,
+) -> Replayed:
     known = collections.deque(_minted(events))
 
     def mint(prefix: str) -> str:
@@ -74,12 +96,18 @@ def replay(
             return ident
         return new_id(prefix)
 
-    builder = ResponseBuilder(events[0].response, new_id=mint, encrypt_reasoning=encrypt_reasoning)
+    first = events[0]
+    assert isinstance(first, ResponseCreated)
+    builder = ResponseBuilder(
+        first.response, new_id=mint, encrypt_reasoning=encrypt_reasoning, coalesce=coalesce
+    )
     builder.created(queued=any(isinstance(e, ResponseQueued) for e in events[:2]))
     builder.in_progress()
     decoder = new_decoder(builder)
-    decoder.feed(tokens)
-    made = builder.take()
+    made = builder.take()  # (a prefilled call opens before any token: the writer took it so)
+    for write in writes:
+        decoder.feed(write)
+        made += builder.take()
     if len(made) < len(events):
         raise CannotReplay(
             f"the logged tokens decode to {len(made)} events, the log has {len(events)}"

@@ -100,7 +100,8 @@ class MemoryStore:
         #: Always healthy: this process's memory is the whole store.
         self.health = StoreHealth(retry_s=0)
         self._owners: dict[str, str | None] = {}
-        self._tokens: dict[str, list[int]] = {}
+        #: Each append's output token ids (those that carried some).
+        self._tokens: dict[str, list[tuple[int, ...]]] = {}
         self._replica: tuple[Replica, float] | None = None
         #: ``item_index``: item id -> where it is (rows in the order they were written)
         self._index: dict[str, list[IndexRow]] = {}
@@ -192,7 +193,8 @@ class MemoryStore:
         self._add_index(
             row for row in (output_row(response_id, e) for e in events if e.type == OUTPUT_ITEM_DONE) if row
         )
-        self._tokens[response_id].extend(unpack_token_ids(pack_token_ids(token_ids)))
+        if token_ids:
+            self._tokens[response_id].append(unpack_token_ids(pack_token_ids(token_ids)))
         for event in events:
             update = row_update(event)
             if update is not None:
@@ -391,8 +393,11 @@ class MemoryStore:
         return row.epoch + 1
 
     async def output_tokens(self, response_id: str) -> list[int]:
+        return [token for write in await self.output_token_writes(response_id) for token in write]
+
+    async def output_token_writes(self, response_id: str) -> list[list[int]]:
         self._check_open()
-        return list(self._tokens.get(response_id, ()))
+        return [list(write) for write in self._tokens.get(response_id, ())]
 
     async def request_cancel(self, response_id: str) -> bool:
         self._check_open()

@@ -1297,7 +1297,12 @@ class SqlStore:
         return int(epoch)
 
     async def output_tokens(self, response_id: str) -> list[int]:
-        """The output token ids behind the logged events, in order (what a takeover replays)."""
+        """The output token ids behind the logged events, in order."""
+        return [token for write in await self.output_token_writes(response_id) for token in write]
+
+    async def output_token_writes(self, response_id: str) -> list[list[int]]:
+        """The output token ids of each append that carried some, in order (what a takeover
+        replays: they are on each append's last event)."""
         self._check_open()
         if not _possible_id(response_id):
             return []
@@ -1307,11 +1312,8 @@ class SqlStore:
             .where(e.c.response_id == response_id, e.c.token_ids.is_not(None))
             .order_by(e.c.seq)
         )
-        tokens: list[int] = []
         async with self._read() as conn:
-            for (packed,) in await conn.execute(query):
-                tokens.extend(unpack_token_ids(bytes(packed)))
-        return tokens
+            return [list(unpack_token_ids(bytes(packed))) for (packed,) in await conn.execute(query)]
 
     async def request_cancel(self, response_id: str) -> bool:
         """Record that a cancel was asked of an unfinished response (for its owner, elsewhere).

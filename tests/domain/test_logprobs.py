@@ -148,7 +148,7 @@ def test_a_replayed_log_keeps_the_logprobs_its_deltas_carried() -> None:
     assert logged_entries
     again = replay(
         logged,
-        tokens,
+        [tokens],
         new_decoder=lambda builder: HarmonyDecoder(ENC, builder, logprobs=TEXTS),
         new_id=lambda prefix: f"{prefix}_new",
     )
