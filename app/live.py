@@ -249,7 +249,8 @@ def error_frame(seq: int, code: str, message: str) -> bytes:
 
 
 class Backlog:
-    """How many events all live responses have pushed and not yet handed to the store.
+    """How many events and output tokens all live responses have pushed and not yet handed
+    to the store.
 
     Shared by every :class:`LogWriter` of a service, so generation can be paused when the
     server as a whole falls behind its commits, without throttling a lone fast stream."""
@@ -283,7 +284,8 @@ class LogWriter:
         #: Output token ids fed since the last hand-over: they go with the next events.
         self._tokens: list[int] = []
         self._next_seq = next_seq
-        self._inflight = False
+        #: A submission is in flight: what is pushed now waits for its commit.
+        self.inflight = False
         # Who waits for the submission in flight: ``drain`` until none is, ``wait_for_commit``
         # for the next commit. A future only when someone waits (once a response, and under
         # backpressure): two asyncio.Events set and cleared with every commit were three
@@ -301,11 +303,18 @@ class LogWriter:
         #: The submission in flight: its batch, and whether it holds output.
         self._sent: Batch | None = None
         self._sent_output = False
+        #: Where to take the events made since the last hand-over from, each time a commit can
+        #: take them (the response's builder, while its tokens stream): the generation task then
+        #: leaves them there while a commit is in flight, and a coalescing builder
+        #: (``domain.builder``) makes one delta of all the text that waited, not one per token.
+        self.pull: Callable[[], Sequence[Event]] | None = None
 
     @property
     def backlog(self) -> int:
-        """Events pushed but not yet handed to the store (they wait for the commit in flight)."""
-        return len(self._events)
+        """Events pushed and output tokens fed but not yet handed to the store (they wait for
+        the commit in flight; the tokens' text may still be in the builder, see ``pull``)."""
+        return len(self._events) + len(self._tokens)
+
 
     def submit_after(self, submit: Callable[[], asyncio.Future[None]]) -> asyncio.Future[None]:
         """Call ``submit`` (another write to the store) right after everything pushed so far
@@ -324,19 +333,25 @@ class LogWriter:
 
     async def wait_for_commit(self) -> None:
         """Wait until the commit in flight is durable (backpressure for a fast engine)."""
-        if self._inflight:
+        if self.inflight:
             await _waiter(self._commits)
 
     def push(self, events: Sequence[Event], token_ids: Sequence[int] = ()) -> None:
         """Queue events for the log; they are committed with the next group commit.
         ``token_ids``: the output tokens that produced them (a token that produced no event
         yet goes with the next events: the log never holds an event without its tokens)."""
-        if token_ids and self._submit_fn is not None:
+        if token_ids and self._submit_fn is not None and self.error is None:
             self._tokens.extend(token_ids)
+            self._shared.total += len(token_ids)  # (their text may wait in the builder: ``pull``)
         if not events:
             return
         if self.error is not None:
             raise self.error
+        self._add(events)
+        if not self.inflight:
+            self._flush()
+
+    def _add(self, events: Sequence[Event]) -> None:
         if events[0].type not in _OPENING:
             self._output = True
         stored, frames = self._events, self._frames
@@ -345,10 +360,13 @@ class LogWriter:
             stored.append(record)
             frames.append(sse_frame(record.type, record.seq, record.payload_json))  # set by stored_event
         self._shared.total += len(events)
-        if not self._inflight:
-            self._flush()
 
     def _flush(self) -> None:
+        pull = self.pull
+        if pull is not None:
+            pulled = pull()
+            if pulled:
+                self._add(pulled)
         events, frames = self._events, self._frames
         if not events:
             self._idle()
@@ -364,8 +382,9 @@ class LogWriter:
                 self._observe(self._timing)
             self._flush()
             return
-        self._inflight = True
+        self.inflight = True
         tokens, self._tokens = self._tokens, []
+        self._shared.total -= len(tokens)
         # the store calls back later, from its commit (never from inside this call); one
         # submission is in flight at a time, so what it carries waits here, not in a partial
         self._sent, self._sent_output = batch, output
@@ -389,7 +408,7 @@ class LogWriter:
 
     def _idle(self) -> None:
         """No submission in flight now: wake ``drain``."""
-        self._inflight = False
+        self.inflight = False
         if self._drains:
             _wake(self._drains)
 
@@ -404,8 +423,9 @@ class LogWriter:
                 "response %s: log write failed: %r", self._run.id, error, extra={"response_id": self._run.id}
             )
             self._run.error = self.error
-            self._shared.total -= len(self._events)  # never to be written
-            self._events, self._frames = [], []
+            self._shared.total -= len(self._events) + len(self._tokens)  # never to be written
+            self._events, self._frames, self._tokens = [], [], []
+            self.pull = None
             after, self._after = self._after, []
             for _, outer in after:
                 outer.set_exception(self.error)
@@ -425,9 +445,16 @@ class LogWriter:
             self._last_output = now
         self._flush()
 
+    def close(self) -> None:
+        """The run is over: what it pushed and never handed to the store (it stopped short)
+        leaves the shared backlog."""
+        self._shared.total -= len(self._events) + len(self._tokens)
+        self._events, self._frames, self._tokens = [], [], []
+        self.pull = None
+
     async def drain(self) -> None:
         """Wait until everything pushed so far is durable and published."""
-        if self._inflight:
+        if self.inflight:
             await _waiter(self._drains)
         if self.error is not None:
             raise self.error

@@ -274,7 +274,10 @@ class ResponseService:
             self._live[response_id] = run
         spec = GenerationSpec.of(rendered, sampling, encrypt_reasoning=request.include_encrypted_reasoning)
         builder = ResponseBuilder(
-            skeleton, new_id=new_id, encrypt_reasoning=self.cipher.encrypt if spec.encrypt_reasoning else None
+            skeleton,
+            new_id=new_id,
+            encrypt_reasoning=self.cipher.encrypt if spec.encrypt_reasoning else None,
+            coalesce=self.settings.coalesce_deltas,  # a delta a commit, not a token (``LogWriter.pull``)
         )
         # Made once response.created is out: a named tool_choice's prefill opens the call item.
         new_decoder = functools.partial(spec.decoder, self.encoding, builder)
@@ -441,6 +444,11 @@ class ResponseService:
                     generated=len(resumed.tokens),
                     max_tokens=None if sampling.max_tokens is None else sampling.max_tokens - len(resumed.tokens),
                 )
+            # While the tokens stream, a commit takes the builder's events when it can (one
+            # delta for all the text that waited for it, see ``LogWriter.pull``); after the
+            # loop, events are pushed explicitly again (a conversation's turn is recorded, an
+            # await, between the terminal events and their push).
+            writer.pull = builder.take
             try:
                 chunks = (
                     self.engine.generate(engine_prompt, sampling, run.engine_request_id)
@@ -456,9 +464,10 @@ class ResponseService:
                             decoder.feed_logprobs(chunk.token_ids, chunk.logprobs)
                         # the last chunk's events wait for the terminal ones, pushed right after
                         # the loop in this same turn: one commit for both (not so with a
-                        # conversation, whose turn is recorded, an await, in between)
+                        # conversation, whose turn is recorded, an await, in between); while a
+                        # commit is in flight they wait in the builder for the next one
                         last = chunk.finish_reason is not None and turn is None
-                        writer.push(() if last else builder.take(), chunk.token_ids)
+                        writer.push(() if last or writer.inflight else builder.take(), chunk.token_ids)
                         if (
                             self._backlog.total >= _BACKLOG_BUDGET or health.failing
                         ) and writer.backlog >= _MIN_BACKLOG:
@@ -477,6 +486,8 @@ class ResponseService:
             except Exception as exc:  # an engine bug must not leave the response open
                 log.exception("response %s: engine failed", run.id, extra={"response_id": run.id})
                 finish_reason, engine_error = "error", f"{type(exc).__name__}: {exc}"
+            finally:
+                writer.pull = None
             if finish_reason is None:
                 finish_reason, engine_error = "error", "the engine stopped without a finish reason"
             result = decoder.finish(truncated=finish_reason != "stop")
@@ -559,6 +570,7 @@ class ResponseService:
                 # its log has no terminal event: the repair loop writes one when it can
                 self.repairs.strand(run.id, skeleton, self._failure(exc))
         finally:
+            writer.close()
             self._live.pop(run.id, None)
             run.created.set()
             run.finished.set()

@@ -130,6 +130,9 @@ class Settings:
     send_buffer_bytes: int = 4 * 1024 * 1024
     #: A connection whose client reads nothing for this many seconds is closed.
     send_stall_s: float = 60.0
+    #: The text of the tokens that wait for a commit is one delta (``domain.builder``'s
+    #: ``coalesce``); false: a delta a token, whatever waits (for clients that count deltas).
+    coalesce_deltas: bool = True
     log_level: str = "info"
     #: ``json``: one JSON object a line (``app.logs``); ``text``: plain lines.
     log_format: str = "json"
@@ -208,6 +211,7 @@ class Settings:
             "RESPONSES_LEDGER_HTTP_IMPLEMENTATION": ("http_implementation", str),
             "RESPONSES_LEDGER_SEND_BUFFER_BYTES": ("send_buffer_bytes", int),
             "RESPONSES_LEDGER_SEND_STALL_S": ("send_stall_s", float),
+            "RESPONSES_LEDGER_COALESCE_DELTAS": ("coalesce_deltas", _bool),
             "RESPONSES_LEDGER_LOG_LEVEL": ("log_level", str),
             "RESPONSES_LEDGER_LOG_FORMAT": ("log_format", _log_format),
             "RESPONSES_LEDGER_METRICS": ("metrics", _bool),

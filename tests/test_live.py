@@ -10,10 +10,12 @@ from collections.abc import Sequence
 import pytest
 
 from app.live import LogWriter, Run, Subscription, stored_event
+from domain.builder import ResponseBuilder
 from domain.events import OutputTextDelta
 from persistence.errors import StoreError
 from persistence.records import StoredEvent
 from persistence.store import Done
+from tests.domain.factories import counter_ids, response_skeleton
 
 
 class _Store:
@@ -97,6 +99,46 @@ async def test_if_the_events_cannot_be_written_it_is_never_submitted() -> None:
     with pytest.raises(StoreError):
         await later
     assert store.calls == ["events 0-0"]
+
+
+async def test_a_commit_pulls_what_waited_for_it_as_one_delta_with_every_token() -> None:
+    """While a commit is in flight the generation task leaves its events in a coalescing
+    builder; the commit's return takes them (``pull``): one delta for the text of every token
+    that waited, handed over with all those tokens, and the backlog counts the tokens."""
+    store = _Store()
+    tokens: list[Sequence[int]] = []
+
+    def submit(rid: str, events: Sequence[StoredEvent], seq: int, done: Done, token_ids: Sequence[int] = ()) -> None:
+        tokens.append(list(token_ids))
+        store.submit_then(rid, events, seq, done, token_ids)
+
+    run = Run(id="resp_1", store=True, background=False, engine_request_id="resp_1")
+    writer = LogWriter(run, submit)
+    builder = ResponseBuilder(response_skeleton(), new_id=counter_ids(), coalesce=True)
+    builder.created()
+    builder.open_message()
+    writer.pull = builder.take
+    writer.push(builder.take(), [1, 2])  # created, item and part added: at once
+    assert writer.inflight and store.calls == ["events 0-2"]
+    for token, word in enumerate([" a", " b", " c"], start=3):
+        builder.append(word)
+        writer.push((), [token])  # in flight: the text stays in the builder
+    assert writer.backlog == 3 and store.calls == ["events 0-2"]
+    store.settle(0)
+    await asyncio.sleep(0)
+    assert store.calls == ["events 0-2", "events 3-3"]  # one delta
+    assert tokens == [[1, 2], [3, 4, 5]]
+    assert writer.backlog == 0
+    published = run.subscribe()
+    store.settle(1)
+    await asyncio.sleep(0)
+    batch = await published.get()
+    assert b'"sequence_number":3,' in batch.frames[0] and b'"delta":" a b c"' in batch.frames[0]
+    assert not writer.inflight  # nothing more waited: the next token goes at once
+    writer.pull = None
+    builder.append(" d")
+    writer.push(builder.take(), [6])
+    assert store.calls[-1] == "events 4-4"
 
 
 async def test_drain_waits_until_nothing_is_in_flight_and_wait_for_commit_for_the_next_commit() -> None:

@@ -65,7 +65,8 @@ def test_stream_nonstream_and_get_agree(client: OpenAI, engine: ScriptedEngine, 
 
 
 def test_sdk_stream_helper_accepts_our_stream(client: OpenAI, engine: ScriptedEngine) -> None:
-    engine.add_turns({"completion": REASON_THEN_ANSWER})
+    # paced, so its tokens do not all wait for one commit (they would make one delta)
+    engine.add_turns({"completion": REASON_THEN_ANSWER, "token_delay_ms": 20})
     with client.responses.stream(model=MODEL, input="Hi") as stream:
         kinds = [event.type for event in stream]
         final = stream.get_final_response()

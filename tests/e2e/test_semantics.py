@@ -632,7 +632,8 @@ def test_custom_tool_input_deltas_stream_the_decoded_string_and_output_replays(
         {
             "completion": harmony(
                 ("commentary to=functions.run_sql <|constrain|>json", arguments), end="<|call|>"
-            )
+            ),
+            "token_delay_ms": 10,  # paced: its tokens do not all wait for one commit (one delta)
         }
     )
     with client.responses.stream(model=MODEL, input="Go.", tools=[SQL_TOOL]) as events:
