@@ -466,6 +466,8 @@ def _run_loadgen(
     expected = target.expected_events(config.tokens)
     if expected is not None:
         argv += ["--expected-events", str(expected)]
+    if target.token_marker is not None:
+        argv += ["--token-marker", target.token_marker, "--expected-tokens", str(config.tokens)]
     if times_dir is not None:
         argv += ["--token-times-dir", str(times_dir), "--token-offset", str(target.token_offset)]
     if config.max_run_seconds:

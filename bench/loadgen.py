@@ -12,7 +12,10 @@ a few ``bytes`` operations whatever the number of events in it:
 - chunked transfer coding is undone chunk by chunk (sizes parsed, payload sliced);
 - SSE frames are counted, not parsed: the count of frame separators (``\\n\\n`` or
   ``\\r\\n\\r\\n``, detected on the first frame) minus comment frames; delta events are counted as
-  occurrences of ``.delta"`` (the end of a ``"type":"response.*.delta"`` value);
+  occurrences of ``.delta"`` (the end of a ``"type":"response.*.delta"`` value), and each is one
+  token, unless a *token marker* is given: a server that puts several tokens in one delta (the
+  ledger, whose deltas carry every token that waited for a commit) is then counted in the marker's
+  occurrences in its delta frames (the benchmark's scripted text is one ``" word"`` a token);
 - one regex search per read checks ``sequence_number``: the last complete frame's number must
   equal the number of events read so far minus one, so numbers are 0-based and contiguous and an
   event's ``sequence_number`` is its ordinal in the stream;
@@ -20,7 +23,7 @@ a few ``bytes`` operations whatever the number of events in it:
   must be ``response.completed``, and the event count must equal the expected count when given.
 
 Read times are ``time.monotonic_ns()`` taken once per ``data_received`` and stored per read as
-(time, deltas so far), so the ``i``-th delta's read time is that of the read that completed it.
+(time, tokens so far), so the ``i``-th token's read time is that of the read that completed it.
 With ``--token-times-dir`` the server's side files (:mod:`bench.token_times`) are joined after
 the run to give the latency from the engine yielding a token to the client reading its delta.
 
@@ -82,12 +85,14 @@ class StreamReader:
         "batch_deltas",
         "batch_ns",
         "chunked",
+        "delta_events",
         "deltas",
         "done",
         "error",
         "error_body",
         "events",
         "expected_events",
+        "expected_tokens",
         "first_delta_ns",
         "last_type",
         "response_id",
@@ -95,11 +100,19 @@ class StreamReader:
         "status",
         "t_end",
         "t_start",
+        "token_marker",
         "until_close",
     )
 
-    def __init__(self, expected_events: int | None = None) -> None:
+    def __init__(
+        self,
+        expected_events: int | None = None,
+        token_marker: bytes | None = None,
+        expected_tokens: int | None = None,
+    ) -> None:
         self.expected_events = expected_events
+        self.token_marker = token_marker
+        self.expected_tokens = expected_tokens
         self._head: bytes | None = b""
         self.status = 0
         self.chunked = False
@@ -111,9 +124,10 @@ class StreamReader:
         self._last_frame = b""
         self.sep: bytes | None = None
         self.events = 0
-        self.deltas = 0
+        self.deltas = 0  # tokens read: a delta event each, or the token marker's occurrences
+        self.delta_events = 0
         self.batch_ns = array("q")  # read time of each read that completed >= 1 delta
-        self.batch_deltas = array("q")  # deltas read so far, after that read
+        self.batch_deltas = array("q")  # tokens read so far, after that read
         self.response_id: str | None = None
         self.last_type: str | None = None
         self.error: str | None = None
@@ -270,6 +284,14 @@ class StreamReader:
         self.events += n
         d = complete.count(_DELTA)
         if d:
+            self.delta_events += d
+            marker = self.token_marker
+            if marker is not None:
+                # only deltas here (the steady state): one count; else only the deltas' frames
+                if d == n:
+                    d = complete.count(marker)
+                else:
+                    d = sum(frame.count(marker) for frame in complete.split(sep) if _DELTA in frame)
             self.deltas += d
             self.batch_ns.append(now)
             self.batch_deltas.append(self.deltas)
@@ -315,6 +337,8 @@ class StreamReader:
             self._fail(f"last event is {self.last_type!r}, not 'response.completed'")
         if self.expected_events is not None and self.events != self.expected_events:
             self._fail(f"{self.events} events, expected {self.expected_events}")
+        if self.expected_tokens is not None and self.deltas != self.expected_tokens:
+            self._fail(f"{self.deltas} tokens in the deltas, expected {self.expected_tokens}")
 
 
 class _Connection(asyncio.Protocol):
@@ -373,6 +397,9 @@ class LoadConfig:
     #: Stop starting new streams after this many seconds (streams in flight still finish).
     max_seconds: float | None = None
     expected_events: int | None = None
+    #: Count tokens as this byte string's occurrences in the delta frames (None: a token a delta).
+    token_marker: bytes | None = None
+    expected_tokens: int | None = None
     token_times_dir: Path | None = None
     token_offset: int = 0
     timeout_s: float = 300.0
@@ -500,7 +527,7 @@ async def run_load(config: LoadConfig) -> dict:
                 return
             if conn.closed:
                 conn = conns[slot] = await _connect(host, port)
-            reader = StreamReader(config.expected_events)
+            reader = StreamReader(config.expected_events, config.token_marker, config.expected_tokens)
             readers.append(reader)
             await conn.exchange(request, reader, config.timeout_s)
 
@@ -533,6 +560,7 @@ async def run_load(config: LoadConfig) -> dict:
         "errors": errors[:20],
         "tokens": deltas,
         "events": events,
+        "delta_events": sum(r.delta_events for r in readers),
         "wall_s": wall_s,
         "tokens_per_s": deltas / wall_s if wall_s > 0 else 0.0,
         "events_per_s": events / wall_s if wall_s > 0 else 0.0,
@@ -587,6 +615,12 @@ def main(argv: list[str] | None = None) -> None:
         help="stop starting new streams after this long (those in flight finish)",
     )
     parser.add_argument("--expected-events", type=int, default=None)
+    parser.add_argument(
+        "--token-marker",
+        default=None,
+        help="count tokens as this text's occurrences in the delta frames (default: a token a delta)",
+    )
+    parser.add_argument("--expected-tokens", type=int, default=None, help="tokens per stream")
     parser.add_argument("--token-times-dir", type=Path, default=None)
     parser.add_argument("--token-offset", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per stream")
@@ -614,6 +648,8 @@ def main(argv: list[str] | None = None) -> None:
         streams_per_worker=args.streams_per_worker,
         max_seconds=args.max_seconds,
         expected_events=args.expected_events,
+        token_marker=None if args.token_marker is None else args.token_marker.encode(),
+        expected_tokens=args.expected_tokens,
         token_times_dir=args.token_times_dir,
         token_offset=args.token_offset,
         timeout_s=args.timeout,

@@ -10,9 +10,11 @@ to :func:`bench.harness.run_matrix`). A target says:
   ``taskset -c <server cpus>`` and waits for the port to accept connections.
 - ``env``: extra environment. The harness adds ``BENCH_TOKEN_TIMES_DIR`` (see
   :mod:`bench.token_times`) when latency is measured.
-- ``body(tokens)``: the JSON request body of one stream that should produce ``tokens`` deltas.
+- ``body(tokens)``: the JSON request body of one stream that should produce ``tokens`` tokens.
 - ``expected_events(tokens)``: the exact number of SSE events per stream, or ``None`` to check
   only that every stream ends with ``response.completed``.
+- ``token_marker``: ``None`` when every delta is one token; else the text of one token, counted
+  in the deltas (a stream must then carry ``tokens`` of them).
 - ``token_offset``: leading engine tokens that yield no delta (see :mod:`bench.token_times`).
 - ``database``: ``"none"``, ``"sqlite"`` or ``"postgres"``: what "bytes stored per token" measures.
 - ``prepare(workdir, tokens, token_delay_ms)``: writes what the server needs (a script file, its
@@ -21,8 +23,10 @@ to :func:`bench.harness.run_matrix`). A target says:
 - ``unavailable()``: ``None`` when the target can run here, else why not (it is then skipped).
 
 The ledger targets run ``responses-ledger serve --engine scripted`` with a script whose one turn
-(cycled) is a final-channel message of ``tokens`` one-token ASCII words, so every content token is
-one ``response.output_text.delta`` and the event sequence is the same as the naive peer's.
+(cycled) is a final-channel message of ``tokens`` one-token words (``LEDGER_WORD``). The ledger
+puts every token that waited for a commit into one ``response.output_text.delta``, so its streams
+carry a varying number of deltas, and the load generator counts the word in them: the tokens
+delivered, as the naive peer's are counted in its deltas (one token each).
 """
 
 from __future__ import annotations
@@ -71,6 +75,11 @@ def _standard_events(tokens: int) -> int:
     return tokens + 8
 
 
+def _no_count(tokens: int) -> None:
+    """A server whose deltas carry a varying number of tokens sends a varying number of events."""
+    return None
+
+
 def _no_files(workdir: Path, tokens: int, token_delay_ms: float = 0.0) -> dict[str, str]:
     return {}
 
@@ -81,6 +90,9 @@ class Target:
     argv: tuple[str, ...]
     body: Callable[[int], dict]
     expected_events: Callable[[int], int | None] = _standard_events
+    #: Its deltas may carry several tokens: count this text's occurrences in them instead
+    #: (``bench.loadgen``), and check that a stream's come to ``tokens``.
+    token_marker: str | None = None
     env: Mapping[str, str] = field(default_factory=dict)
     token_offset: int = 0
     database: Database = "none"
@@ -108,10 +120,15 @@ def ledger_body(tokens: int) -> dict:
     }
 
 
+#: The scripted engine's one token, repeated: the ledger's deltas carry every token that waited
+#: for a commit, so the load generator counts this text in them, not the deltas.
+LEDGER_WORD = " word"
+
+
 def ledger_script(workdir: Path, tokens: int, token_delay_ms: float = 0.0) -> dict[str, str]:
     """Write the scripted engine's script: one cycled final-channel turn of ``tokens`` words,
     each token ``token_delay_ms`` after the previous one."""
-    text = " word" * tokens  # " word" is one o200k token, so one delta per token
+    text = LEDGER_WORD * tokens  # one o200k token a word: the load generator counts them
     script = {
         "turns": [{"completion": f"<|channel|>final<|message|>{text}<|return|>"}],
         "cycle": True,
@@ -208,6 +225,8 @@ def default_targets() -> list[Target]:
             "ledger-sqlite",
             _LEDGER,
             ledger_body,
+            expected_events=_no_count,
+            token_marker=LEDGER_WORD,
             env=_LEDGER_ENV,
             token_offset=3,
             database="sqlite",
@@ -219,6 +238,8 @@ def default_targets() -> list[Target]:
             "ledger-postgres",
             _LEDGER,
             ledger_body,
+            expected_events=_no_count,
+            token_marker=LEDGER_WORD,
             env=_LEDGER_ENV,
             token_offset=3,
             database="postgres",

@@ -11,6 +11,10 @@ import pytest
 from bench import token_times
 from bench.loadgen import MID_EDGE, LoadConfig, StreamReader, _latency
 from bench.naive import _events
+from bench.targets import LEDGER_WORD
+from domain.builder import ResponseBuilder, Usage
+from domain.projections import to_sse
+from tests.domain.factories import counter_ids, response_skeleton
 
 HEAD = (
     b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\n"
@@ -213,3 +217,41 @@ def test_the_mid_stream_latency_leaves_out_each_streams_first_and_last_ten_delta
     middle = report["latency_mid_ms"]
     assert middle["n"] == 4 * (30 - 2 * MID_EDGE)
     assert middle["p99"] == pytest.approx(1) and middle["max"] == pytest.approx(1)
+
+
+def ledger_frames(words_per_delta: list[int]) -> list[bytes]:
+    """A ledger's stream whose deltas carry several tokens (words) each, as its coalescing
+    builder makes them (``domain.builder``), framed as the server frames them."""
+    builder = ResponseBuilder(response_skeleton("resp_marker"), new_id=counter_ids(), coalesce=True)
+    builder.created()
+    builder.in_progress()
+    builder.open_message()
+    events = builder.take()
+    for n in words_per_delta:
+        for _ in range(n):
+            builder.append(LEDGER_WORD)
+        events += builder.take()
+    builder.finish("completed", usage=Usage(), completed_at=1)
+    events += builder.take()
+    return [to_sse(e) for e in events]
+
+
+@pytest.mark.parametrize("cut", [None, 7, 300, 333, 700])
+def test_a_token_marker_counts_the_tokens_in_deltas_that_carry_several(cut):
+    """Deltas of 1, 3 and 2 words: 6 tokens, 3 delta events; the done events, which repeat
+    the whole text, count none; a stream whose words do not add up fails."""
+    raw = chunked(ledger_frames([1, 3, 2]))
+    reader = StreamReader(None, LEDGER_WORD.encode(), expected_tokens=6)
+    start = 0
+    for i, end in enumerate([cut, len(raw)] if cut else [len(raw)]):
+        reader.feed(raw[start:end], now=1000 + i)
+        start = end
+    assert reader.done and reader.error is None, reader.error
+    assert (reader.deltas, reader.delta_events) == (6, 3)
+    assert reader.batch_deltas[-1] == 6
+    short = StreamReader(None, LEDGER_WORD.encode(), expected_tokens=7)
+    short.feed(raw, now=1)
+    assert short.error == "6 tokens in the deltas, expected 7"
+    plain = StreamReader(None)  # without the marker: a token a delta
+    plain.feed(raw, now=1)
+    assert plain.deltas == 3
