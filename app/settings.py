@@ -131,8 +131,9 @@ class Settings:
     #: A connection whose client reads nothing for this many seconds is closed.
     send_stall_s: float = 60.0
     #: The text of the tokens that wait for a commit is one delta (``domain.builder``'s
-    #: ``coalesce``); false: a delta a token, whatever waits (for clients that count deltas).
-    coalesce_deltas: bool = True
+    #: ``coalesce``); false (the default): a delta a token, whatever waits. Off by default: at
+    #: 256 paced streams on one core it costs more CPU a token than it saves (bench/RESULTS.md).
+    coalesce_deltas: bool = False
     log_level: str = "info"
     #: ``json``: one JSON object a line (``app.logs``); ``text``: plain lines.
     log_format: str = "json"
