@@ -315,7 +315,6 @@ class LogWriter:
         the commit in flight; the tokens' text may still be in the builder, see ``pull``)."""
         return len(self._events) + len(self._tokens)
 
-
     def submit_after(self, submit: Callable[[], asyncio.Future[None]]) -> asyncio.Future[None]:
         """Call ``submit`` (another write to the store) right after everything pushed so far
         is handed to the store, in the same turn, so it joins their commit unless that commit

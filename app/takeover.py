@@ -246,6 +246,7 @@ class Takeovers:
                 new_decoder=lambda builder: spec.decoder(service.encoding, builder),
                 new_id=self._new_id,
                 encrypt_reasoning=encrypt,
+                coalesce=service.settings.coalesce_deltas,
             )
         except CannotReplay as exc:
             raise CannotContinue(f"{why}, and its log could not be replayed: {exc}") from None

@@ -129,7 +129,8 @@ class ResponseBuilder:
         self._pending: list[Event] = []
         self._done_items: list[Json] = []
         self._open: _Open | None = None
-        self._coalesce = coalesce
+        #: (see above; a takeover sets it after replaying a log, ``domain.continuation``)
+        self.coalesce = coalesce
         #: (coalesce) The last delta made, while nothing was taken or made after it, and the
         #: text appended since, to join it (``_release``).
         self._joinable: Any = None
@@ -350,7 +351,7 @@ class ResponseBuilder:
             event = CustomToolCallInputDelta(seq, opened.item_id, opened.index, text)
         self._state = apply(self._state, event)
         self._pending.append(event)
-        if self._coalesce:
+        if self.coalesce:
             self._joinable = event
 
     def _release(self) -> None:

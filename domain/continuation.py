@@ -6,10 +6,11 @@ same tokens fed to a fresh :class:`~domain.decoder.HarmonyDecoder` over a fresh
 :class:`~domain.builder.ResponseBuilder` make the same events, except the ids the builder mints.
 So :func:`replay` hands the builder the ids the log already has, in the order they were minted,
 feeds every logged token, and checks that the logged events are a prefix of what it made (same
-``seq``, same type, same item ids). The live writer's builder coalesces (one delta for the text
-of all the tokens an append carried, ``domain.builder``), so the replay feeds the tokens append
-by append and takes the events after each, as the writer did; a log written one delta a token
-(before writers coalesced) is replayed that way when the first fails. What the replay made beyond the log (``pending``: e.g. the
+``seq``, same type, same item ids). A writer whose builder coalesced made one delta of the text
+of all the tokens an append carried (``domain.builder``), so the replay feeds the tokens append
+by append and takes the events after each, as the writer did, with a builder that coalesces or
+not: the server's setting first, then the other (a log from a replica set otherwise). What the
+replay made beyond the log (``pending``: e.g. the
 ``response.in_progress`` of a response whose owner died right after ``response.created``) is
 new: the caller appends it. The parser, the open item and the usage counts are then exactly
 where the dead writer's were, and generation goes on from there. Log probabilities are not in the
@@ -61,20 +62,24 @@ def replay(
     new_decoder: Callable[[ResponseBuilder], HarmonyDecoder],
     new_id: Callable[[str], str],
     encrypt_reasoning: Callable[[str], str] | None = None,
+    coalesce: bool = False,
 ) -> Replayed:
     """A builder and decoder in the state the log's writer was in after its last append.
     ``writes``: the output token ids of each append that carried some, in order.
+    ``coalesce``: how the builder goes on (the server's setting), whichever way the log was made.
     ``new_decoder(builder)``: a decoder as the response's creator made it (custom tools,
     prefill, namespaced functions)."""
     if not events or not isinstance(events[0], ResponseCreated):
         raise CannotReplay("the log does not start with response.created")
     try:
-        return _replay(events, writes, new_decoder, new_id, encrypt_reasoning, coalesce=True)
-    except CannotReplay as coalesced:
-        try:  # a log written one delta a token
-            return _replay(events, writes, new_decoder, new_id, encrypt_reasoning, coalesce=False)
+        replayed = _replay(events, writes, new_decoder, new_id, encrypt_reasoning, coalesce=coalesce)
+    except CannotReplay as first:
+        try:  # written by a replica whose setting was the other
+            replayed = _replay(events, writes, new_decoder, new_id, encrypt_reasoning, coalesce=not coalesce)
         except CannotReplay:
-            raise coalesced from None
+            raise first from None
+    replayed.builder.coalesce = coalesce
+    return replayed
 
 
 def _replay(

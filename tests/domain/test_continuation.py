@@ -47,10 +47,15 @@ def split(tokens: Sequence[int], sizes: Sequence[int]) -> list[list[int]]:
     return [w for w in writes if w]
 
 
-def continued(events: list[Event], writes: list[list[int]]) -> list[Event]:
+def continued(events: list[Event], writes: list[list[int]], coalesce: bool) -> list[Event]:
     again = replay(
-        events, writes, new_decoder=lambda b: HarmonyDecoder(ENC, b), new_id=lambda prefix: f"{prefix}_new"
+        events,
+        writes,
+        new_decoder=lambda b: HarmonyDecoder(ENC, b),
+        new_id=lambda prefix: f"{prefix}_new",
+        coalesce=coalesce,
     )
+    assert again.builder.coalesce is coalesce  # it goes on as this server writes
     again.decoder.feed(TOKENS[CUT:])
     again.decoder.finish(truncated=False)
     again.builder.finish("completed", usage=Usage(), completed_at=1)
@@ -61,12 +66,13 @@ def deltas(events: list[Event]) -> int:
     return sum(isinstance(e, OutputTextDelta | ReasoningTextDelta) for e in events)
 
 
-@pytest.mark.parametrize("coalesce", [True, False])
-def test_a_log_replays_append_by_append_and_goes_on_as_if_never_cut(coalesce: bool) -> None:
+@pytest.mark.parametrize("server", [True, False], ids=["server-coalesces", "server-does-not"])
+@pytest.mark.parametrize("coalesce", [True, False], ids=["log-coalesced", "log-a-delta-a-token"])
+def test_a_log_replays_append_by_append_and_goes_on_as_if_never_cut(coalesce: bool, server: bool) -> None:
     writes = split(TOKENS[:CUT], [3, 1, 4, 2, 7, 1, 5])
     events = logged(writes, coalesce=coalesce)
     uncut = logged([TOKENS], coalesce=False)
-    full = continued(events, writes)
+    full = continued(events, writes, server)
     check_log(full)
     assert [e.sequence_number for e in full] == list(range(len(full)))
     whole = ResponseBuilder(response_skeleton(), new_id=counter_ids())
