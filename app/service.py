@@ -444,11 +444,15 @@ class ResponseService:
                     generated=len(resumed.tokens),
                     max_tokens=None if sampling.max_tokens is None else sampling.max_tokens - len(resumed.tokens),
                 )
-            # While the tokens stream, a commit takes the builder's events when it can (one
-            # delta for all the text that waited for it, see ``LogWriter.pull``); after the
-            # loop, events are pushed explicitly again (a conversation's turn is recorded, an
-            # await, between the terminal events and their push).
-            writer.pull = builder.take
+            # Coalescing (``RESPONSES_LEDGER_COALESCE_DELTAS``): while the tokens stream, a commit
+            # takes the builder's events when it can (one delta for all the text that waited for
+            # it, see ``LogWriter.pull``); after the loop, events are pushed explicitly again (a
+            # conversation's turn is recorded, an await, between the terminal events and their
+            # push). Without it, every chunk's events are pushed at once, as they always were
+            # (measured: pulling them instead cost ~5 µs a token at 256 paced streams).
+            coalesce = builder.coalesce
+            if coalesce:
+                writer.pull = builder.take
             try:
                 chunks = (
                     self.engine.generate(engine_prompt, sampling, run.engine_request_id)
@@ -467,7 +471,9 @@ class ResponseService:
                         # conversation, whose turn is recorded, an await, in between); while a
                         # commit is in flight they wait in the builder for the next one
                         last = chunk.finish_reason is not None and turn is None
-                        writer.push(() if last or writer.inflight else builder.take(), chunk.token_ids)
+                        writer.push(
+                            () if last or (coalesce and writer.inflight) else builder.take(), chunk.token_ids
+                        )
                         if (
                             self._backlog.total >= _BACKLOG_BUDGET or health.failing
                         ) and writer.backlog >= _MIN_BACKLOG:
