@@ -21,6 +21,7 @@ carries them all (tokens of a character still unfinished at the log's end have n
 from __future__ import annotations
 
 import collections
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -71,11 +72,12 @@ def replay(
     prefill, namespaced functions)."""
     if not events or not isinstance(events[0], ResponseCreated):
         raise CannotReplay("the log does not start with response.created")
+    attempt = functools.partial(_replay, events, writes, new_decoder, new_id, encrypt_reasoning)
     try:
-        replayed = _replay(events, writes, new_decoder, new_id, encrypt_reasoning, coalesce=coalesce)
+        replayed = attempt(coalesce=coalesce)
     except CannotReplay as first:
         try:  # written by a replica whose setting was the other
-            replayed = _replay(events, writes, new_decoder, new_id, encrypt_reasoning, coalesce=not coalesce)
+            replayed = attempt(coalesce=not coalesce)
         except CannotReplay:
             raise first from None
     replayed.builder.coalesce = coalesce
