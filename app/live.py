@@ -286,7 +286,7 @@ class LogWriter:
         self._next_seq = next_seq
         #: A submission is in flight: what is pushed now waits for its commit.
         self.inflight = False
-        # Who waits for the submission in flight: ``drain`` until none is, ``wait_for_commit``
+        # Who waits for the submission in flight: ``drain`` until none is, ``next_commit``
         # for the next commit. A future only when someone waits (once a response, and under
         # backpressure): two asyncio.Events set and cleared with every commit were three
         # Python calls a paced token.
@@ -315,6 +315,12 @@ class LogWriter:
         the commit in flight; the tokens' text may still be in the builder, see ``pull``)."""
         return len(self._events) + len(self._tokens)
 
+    @property
+    def queued(self) -> int:
+        """Events pushed and not yet handed to the store (the next submission begins with the
+        first of them)."""
+        return len(self._events)
+
     def submit_after(self, submit: Callable[[], asyncio.Future[None]]) -> asyncio.Future[None]:
         """Call ``submit`` (another write to the store) right after everything pushed so far
         is handed to the store, in the same turn, so it joins their commit unless that commit
@@ -330,10 +336,10 @@ class LogWriter:
             self._after.append((submit, future))
         return future
 
-    async def wait_for_commit(self) -> None:
-        """Wait until the commit in flight is durable (backpressure for a fast engine)."""
-        if self.inflight:
-            await _waiter(self._commits)
+    def next_commit(self) -> asyncio.Future[None] | None:
+        """A future that resolves once the commit in flight is durable (backpressure for a fast
+        engine); None when none is in flight."""
+        return _waiter(self._commits) if self.inflight else None
 
     def push(self, events: Sequence[Event], token_ids: Sequence[int] = ()) -> None:
         """Queue events for the log; they are committed with the next group commit.

@@ -28,8 +28,9 @@ from app.compaction import Compactions, Plan
 from app.contract import UNSET_FIELDS
 from app.conversations import Conversations, ConversationTurn, conversation_param
 from app.drain import Drain
-from app.engines.protocol import Engine, EngineChunk, EngineError, Sampling
+from app.engines.protocol import Engine, EngineError, Sampling
 from app.errors import APIError, not_found
+from app.feed import ChunkFeed
 from app.leases import new_replica
 from app.live import (
     Backlog,
@@ -86,11 +87,6 @@ _ECHOED = (
 )
 
 
-#: Generation pauses when all live responses together have this many events waiting for their
-#: commits, for each response that itself has at least ``_MIN_BACKLOG`` waiting: a lone fast
-#: stream is never throttled, many streams share a bounded buffer.
-_BACKLOG_BUDGET = 16384
-_MIN_BACKLOG = 32
 #: Events read from the store per query when replaying a log.
 _PAGE = 256
 _TERMINAL_STATUSES = frozenset({"completed", "incomplete", "failed", "cancelled"})
@@ -387,10 +383,8 @@ class ResponseService:
             next_seq=resumed.next_seq if resumed is not None else 0,
             timing=self._timing,
         )
-        health = self.store.health
         finish_reason: str | None = None
         engine_error: str | None = None
-        cached = 0
         output_ids: list[int] = []
         prompt_audit: asyncio.Future[None] | None = None
         engine_prompt: Sequence[int] = prompt_ids
@@ -446,47 +440,22 @@ class ResponseService:
                 )
             # Coalescing (``RESPONSES_LEDGER_COALESCE_DELTAS``): while the tokens stream, a commit
             # takes the builder's events when it can (one delta for all the text that waited for
-            # it, see ``LogWriter.pull``); after the loop, events are pushed explicitly again (a
+            # it, see ``LogWriter.pull``); after the feed, events are pushed explicitly again (a
             # conversation's turn is recorded, an await, between the terminal events and their
             # push). Without it, every chunk's events are pushed at once, as they always were
             # (measured: pulling them instead cost ~5 µs a token at 256 paced streams).
-            coalesce = builder.coalesce
-            if coalesce:
+            if builder.coalesce:
                 writer.pull = builder.take
+            # the last chunk's events wait for the terminal ones, pushed right after the feed in
+            # this same turn: one commit for both (not so with a conversation, whose turn is
+            # recorded, an await, in between)
+            feed = ChunkFeed(
+                decoder, builder, writer, self._backlog, self.store.health, output_ids, hold_last=turn is None
+            )
             try:
-                chunks = (
-                    self.engine.generate(engine_prompt, sampling, run.engine_request_id)
-                    if finish_reason is None
-                    else _no_chunks()
-                )
-                async for chunk in chunks:
-                    if chunk.token_ids:
-                        output_ids.extend(chunk.token_ids)
-                        if chunk.logprobs is None:
-                            decoder.feed(chunk.token_ids)
-                        else:
-                            decoder.feed_logprobs(chunk.token_ids, chunk.logprobs)
-                        # the last chunk's events wait for the terminal ones, pushed right after
-                        # the loop in this same turn: one commit for both (not so with a
-                        # conversation, whose turn is recorded, an await, in between); while a
-                        # commit is in flight they wait in the builder for the next one
-                        last = chunk.finish_reason is not None and turn is None
-                        writer.push(
-                            () if last or (coalesce and writer.inflight) else builder.take(), chunk.token_ids
-                        )
-                        if (
-                            self._backlog.total >= _BACKLOG_BUDGET or health.failing
-                        ) and writer.backlog >= _MIN_BACKLOG:
-                            # engines faster than the log (or a database being retried): let
-                            # the commits catch up, so memory and the engine-to-client latency
-                            # stay bounded
-                            await writer.wait_for_commit()
-                    if chunk.num_cached_tokens is not None:
-                        cached = chunk.num_cached_tokens
-                    if chunk.finish_reason is not None:
-                        finish_reason = chunk.finish_reason
-                        engine_error = chunk.error
-                        break
+                if finish_reason is None:
+                    await feed.run(self.engine.generate(engine_prompt, sampling, run.engine_request_id))
+                    finish_reason, engine_error = feed.finish_reason, feed.error
             except EngineError as exc:
                 finish_reason, engine_error = "error", str(exc)
             except Exception as exc:  # an engine bug must not leave the response open
@@ -516,7 +485,7 @@ class ResponseService:
                 }
             usage = Usage(
                 input_tokens=len(prompt_ids) + compacted.input_tokens,
-                cached_tokens=cached,
+                cached_tokens=feed.cached,
                 output_tokens=result.output_tokens + compacted.output_tokens,
                 reasoning_tokens=result.reasoning_tokens + compacted.reasoning_tokens,
             )
@@ -972,12 +941,6 @@ class ResponseService:
             await asyncio.wait(tasks, timeout=10)
         with contextlib.suppress(StoreError):  # gone cleanly: nothing of ours to sweep
             await self.store.release(self.replica.id)
-
-
-async def _no_chunks() -> AsyncIterator[EngineChunk]:
-    """A taken-over response with nothing left to generate."""
-    return
-    yield  # an async generator
 
 
 def _retrieve(future: asyncio.Future[None]) -> None:

@@ -131,7 +131,7 @@ async def _one_run(
             at: float,
             token: int | None = None,
         ) -> None:
-            if events and not writer.backlog:  # these events begin the next batch
+            if events and not writer.queued:  # these events begin the next batch
                 started.append(at)
             writer.push(events, () if token is None else (token,))
 

@@ -123,7 +123,7 @@ async def test_a_commit_pulls_what_waited_for_it_as_one_delta_with_every_token()
     for token, word in enumerate([" a", " b", " c"], start=3):
         builder.append(word)
         writer.push((), [token])  # in flight: the text stays in the builder
-    assert writer.backlog == 3 and store.calls == ["events 0-2"]
+    assert writer.backlog == 3 and writer.queued == 0 and store.calls == ["events 0-2"]
     store.settle(0)
     await asyncio.sleep(0)
     assert store.calls == ["events 0-2", "events 3-3"]  # one delta
@@ -141,17 +141,19 @@ async def test_a_commit_pulls_what_waited_for_it_as_one_delta_with_every_token()
     assert store.calls[-1] == "events 4-4"
 
 
-async def test_drain_waits_until_nothing_is_in_flight_and_wait_for_commit_for_the_next_commit() -> None:
-    """``wait_for_commit`` (an engine faster than the log) returns at the commit in flight;
+async def test_drain_waits_until_nothing_is_in_flight_and_next_commit_for_the_next_commit() -> None:
+    """``next_commit`` (an engine faster than the log) returns at the commit in flight;
     ``drain`` only once everything pushed before it is durable, however many commits that
     takes; a cancelled wait harms neither; a failed commit ends ``drain`` with its error."""
     store = _Store()
     writer, _ = _writer(store)
     await asyncio.wait_for(writer.drain(), 1)  # nothing in flight: at once
+    assert writer.next_commit() is None
     writer.push([_delta(0)])
     writer.push([_delta(1)])  # waits behind the commit in flight
     drained = asyncio.ensure_future(writer.drain())
-    committed = asyncio.ensure_future(writer.wait_for_commit())
+    committed = writer.next_commit()
+    assert committed is not None
     gave_up = asyncio.ensure_future(writer.drain())
     await asyncio.sleep(0)
     gave_up.cancel()

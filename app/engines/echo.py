@@ -20,14 +20,22 @@ import struct
 import sys
 import time
 from array import array
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 
 from openai_harmony import HarmonyEncoding
 
-from app.engines.protocol import EngineChunk, EngineError, Sampling
+from app.engines.protocol import ChunkSink, EngineChunk, EngineError, Sampling
 
-__all__ = ["EchoEngine", "StepClock", "echo_completion", "stream_tokens", "token_times_record", "write_token_times"]
+__all__ = [
+    "EchoEngine",
+    "StepClock",
+    "StepStream",
+    "echo_completion",
+    "stream_tokens",
+    "token_times_record",
+    "write_token_times",
+]
 
 _YIELD_EVERY = 16
 _LAST_USER = re.compile(r"<\|start\|>user<\|message\|>(.*?)<\|end\|>", re.DOTALL)
@@ -49,27 +57,95 @@ class StepClock:
 
     One timer per step for all the streams, not one per stream per token: at 256 streams a
     timer each cost more than the server's whole work per token, and a real engine (vLLM's step
-    loop) also hands every running request its next token at once."""
+    loop) also hands every running request its next token at once. A stream waits for a step
+    with a future (``step``, for a consumer that reads it) or has a call made at it
+    (``call_at_step``, for one the engine pushes to: no future and no task switch a token)."""
 
     def __init__(self, interval_s: float) -> None:
         self._interval = interval_s
         self._waiters: list[asyncio.Future[None]] = []
+        self._calls: list[Callable[[], None]] = []
+
+    def _schedule(self) -> None:
+        if not self._waiters and not self._calls:  # (the first of this step's streams)
+            asyncio.get_running_loop().call_later(self._interval, self._tick)
 
     def step(self) -> asyncio.Future[None]:
         """A future of the caller's own that resolves at the next step (scheduled one interval
         from now if none is pending); cancelling it leaves the other streams' alone."""
-        loop = asyncio.get_running_loop()
-        waiter: asyncio.Future[None] = loop.create_future()
-        if not self._waiters:
-            loop.call_later(self._interval, self._tick)
+        self._schedule()
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
         return waiter
 
+    def call_at_step(self, call: Callable[[], None]) -> None:
+        """Call ``call`` at the next step (scheduled as ``step`` does)."""
+        self._schedule()
+        self._calls.append(call)
+
     def _tick(self) -> None:
         waiters, self._waiters = self._waiters, []
+        calls, self._calls = self._calls, []
         for waiter in waiters:
             if not waiter.done():
                 waiter.set_result(None)
+        for call in calls:
+            call()
+
+
+class _Tokens:
+    """What a stream of given tokens sends next, as an engine would: stop at a stop token, cut
+    at ``max_tokens``, end early on abort, and end with ``error`` if one is given. ``times``
+    (when given) gets the ``monotonic_ns`` of each token sent; ``before_last`` runs just before
+    the chunk that carries the finish reason is sent."""
+
+    __slots__ = ("_aborted", "_before_last", "_error", "_limit", "_stops", "_times", "_tokens")
+
+    def __init__(
+        self,
+        token_ids: Sequence[int],
+        sampling: Sampling,
+        aborted: asyncio.Event,
+        error: str | None,
+        times: array[int] | None,
+        before_last: Callable[[], None] | None,
+    ) -> None:
+        self._tokens = token_ids
+        self._stops = set(sampling.stop_token_ids)
+        self._limit = sampling.max_tokens
+        self._aborted = aborted
+        self._error = error
+        self._times = times
+        self._before_last = before_last
+
+    def ending(self, sent: int) -> EngineChunk | None:
+        """The last chunk, if the stream ends before its token ``sent`` (no step is waited
+        for it): aborted, ``max_tokens`` reached, no tokens left."""
+        if self._aborted.is_set():
+            return self._last(EngineChunk((), "abort"))
+        if self._limit is not None and sent >= self._limit:
+            return self._last(EngineChunk((), "length"))
+        if sent >= len(self._tokens):
+            if self._error is not None:
+                return self._last(EngineChunk((), "error", error=self._error))
+            return self._last(EngineChunk((), "stop"))
+        return None
+
+    def token(self, sent: int) -> EngineChunk:
+        """The chunk of token ``sent`` (its step has come; ``ending(sent)`` was None)."""
+        token = self._tokens[sent]
+        if token in self._stops:
+            return self._last(EngineChunk((token,), "stop"))
+        if self._times is not None:
+            self._times.append(time.monotonic_ns())
+        return EngineChunk((token,))
+
+    def _last(self, chunk: EngineChunk) -> EngineChunk:
+        if self._times is not None and chunk.token_ids:
+            self._times.append(time.monotonic_ns())
+        if self._before_last is not None:
+            self._before_last()
+        return chunk
 
 
 async def stream_tokens(
@@ -79,31 +155,19 @@ async def stream_tokens(
     aborted: asyncio.Event,
     clock: StepClock | None = None,
     error: str | None = None,
-    times: array | None = None,
+    times: array[int] | None = None,
     before_last: Callable[[], None] | None = None,
     on_close: Callable[[], None] | None = None,
-) -> AsyncIterator[EngineChunk]:
-    """Stream ``token_ids`` one at a time as an engine would: stop at a stop token, cut at
-    ``max_tokens``, end early on abort, and end with ``error`` if one is given. ``times`` (when
-    given) gets the ``monotonic_ns`` of each token's yield; with a ``clock``, each token waits for
-    its next step; ``before_last`` runs just before the chunk that carries the finish reason; ``on_close`` once the stream ends or is closed."""
-
-    def last(chunk: EngineChunk) -> EngineChunk:
-        if times is not None and chunk.token_ids:
-            times.append(time.monotonic_ns())
-        if before_last is not None:
-            before_last()
-        return chunk
-
+) -> AsyncGenerator[EngineChunk, None]:
+    """Stream ``token_ids`` one at a time (see ``_Tokens``); with a ``clock``, each token waits
+    for its next step; ``on_close`` once the stream ends or is closed."""
+    script = _Tokens(token_ids, sampling, aborted, error, times, before_last)
     try:
-        stops = set(sampling.stop_token_ids)
-        limit = sampling.max_tokens
-        for sent, token in enumerate(token_ids):
-            if aborted.is_set():
-                yield last(EngineChunk((), "abort"))
-                return
-            if limit is not None and sent >= limit:
-                yield last(EngineChunk((), "length"))
+        sent = 0
+        while True:
+            end = script.ending(sent)
+            if end is not None:
+                yield end
                 return
             if clock is not None:
                 await clock.step()
@@ -112,19 +176,126 @@ async def stream_tokens(
                 # every token: a loop turn per token would make this test engine, not the server
                 # under test, the main per-token cost in benchmarks.
                 await asyncio.sleep(0)
-            if token in stops:
-                yield last(EngineChunk((token,), "stop"))
+            chunk = script.token(sent)
+            sent += 1
+            yield chunk
+            if chunk.finish_reason is not None:
                 return
-            if times is not None:
-                times.append(time.monotonic_ns())
-            yield EngineChunk((token,))
-        if error is not None:
-            yield last(EngineChunk((), "error", error=error))
-        else:
-            yield last(EngineChunk((), "stop"))
     finally:
         if on_close is not None:
             on_close()
+
+
+class StepStream:
+    """A paced stream its clock pushes (``app.engines.protocol.PushedChunks``): at each step the
+    clock calls it, and it hands that step's token to the consumer's sink in the same call, as
+    an engine's step loop hands every running request its output. Read with ``async for``, it
+    is ``stream_tokens`` with the clock."""
+
+    def __init__(
+        self,
+        token_ids: Sequence[int],
+        sampling: Sampling,
+        *,
+        aborted: asyncio.Event,
+        clock: StepClock,
+        error: str | None,
+        times: array[int] | None,
+        before_last: Callable[[], None] | None,
+        on_close: Callable[[], None],
+    ) -> None:
+        self._args = (token_ids, sampling, aborted, error, times, before_last)
+        self._script = _Tokens(token_ids, sampling, aborted, error, times, before_last)
+        self._clock = clock
+        self._on_close: Callable[[], None] | None = on_close
+        self._sink: ChunkSink | None = None
+        self._done: asyncio.Future[None] | None = None
+        self._sent = 0
+        self._reader: AsyncGenerator[EngineChunk, None] | None = None
+
+    def __aiter__(self) -> AsyncIterator[EngineChunk]:
+        return self._read()
+
+    def __anext__(self) -> Awaitable[EngineChunk]:
+        return self._read().__anext__()
+
+    def aclose(self) -> Awaitable[None]:
+        return self._read().aclose()
+
+    def _read(self) -> AsyncGenerator[EngineChunk, None]:
+        """Its chunks for a consumer that reads them: ``stream_tokens`` with the clock."""
+        if self._reader is None:
+            assert self._sink is None, "read or pushed, not both"
+            tokens, sampling, aborted, error, times, before_last = self._args
+            on_close, self._on_close = self._on_close, None  # (the reader closes it)
+            self._reader = stream_tokens(
+                tokens,
+                sampling,
+                aborted=aborted,
+                clock=self._clock,
+                error=error,
+                times=times,
+                before_last=before_last,
+                on_close=on_close,
+            )
+        return self._reader
+
+    def push_to(self, sink: ChunkSink) -> asyncio.Future[None]:
+        assert self._sink is None and self._on_close is not None, "pushed once, not read"
+        self._sink = sink
+        self._done = asyncio.get_running_loop().create_future()
+        end = self._script.ending(0)
+        if end is not None:
+            self._send(end)
+        else:
+            self._clock.call_at_step(self._step)
+        return self._done
+
+    def close(self) -> None:
+        self._sink = None
+        on_close, self._on_close = self._on_close, None
+        if on_close is not None:
+            on_close()
+
+    def _step(self) -> None:
+        if self._sink is None:  # closed while it waited for the step
+            return
+        sent = self._sent
+        self._sent = sent + 1
+        script = self._script
+        chunk = script.token(sent)
+        wait = self._send(chunk)
+        if chunk.finish_reason is not None or self._sink is None:
+            return
+        end = script.ending(sent + 1)
+        if end is not None:
+            self._send(end)
+        elif wait is None:
+            self._clock.call_at_step(self._step)
+        else:  # the consumer is behind: its next token waits for it, then for a step
+            asyncio.ensure_future(wait).add_done_callback(self._resume)
+
+    def _resume(self, _: asyncio.Future[None]) -> None:
+        if self._sink is not None:
+            self._clock.call_at_step(self._step)
+
+    def _send(self, chunk: EngineChunk) -> Awaitable[None] | None:
+        """Hand ``chunk`` to the sink; after the last one, or when the sink fails, the stream
+        is over (``push_to``'s future says how)."""
+        sink, done = self._sink, self._done
+        assert sink is not None and done is not None
+        try:
+            wait = sink(chunk)
+        except BaseException as exc:  # (a Rust panic is not an Exception): the consumer's to see
+            self.close()
+            if not done.done():
+                done.set_exception(exc)
+            return None
+        if chunk.finish_reason is not None:
+            self.close()
+            if not done.done():
+                done.set_result(None)
+        return wait
 
 
 def token_times_record(request_id: str, times: Sequence[int]) -> bytes:
@@ -234,9 +405,9 @@ class EchoEngine:
     def generate(
         self, prompt_token_ids: Sequence[int], sampling: Sampling, request_id: str
     ) -> AsyncIterator[EngineChunk]:
-        # Not itself a generator: it hands back stream_tokens' iterator, so a token crosses
-        # one async generator, not two; and a continuation it cannot serve raises here, before
-        # the service has begun to read a stream.
+        # Not itself a generator: it hands back stream_tokens' iterator (or a paced stream's
+        # StepStream), so a token crosses one async generator, not two; and a continuation it
+        # cannot serve raises here, before the service has begun to read a stream.
         tokens: Sequence[int]
         if sampling.generated:
             tokens, delay_s, error = self._continued(prompt_token_ids, sampling.generated)
@@ -254,13 +425,26 @@ class EchoEngine:
             if times is not None and directory is not None:
                 write_token_times(directory, request_id, times)
 
+        def on_close() -> None:
+            self._aborted.pop(request_id, None)
+
+        if clock is not None:  # paced: its steps push the tokens (``PushedChunks``)
+            return StepStream(
+                tokens,
+                sampling,
+                aborted=aborted,
+                clock=clock,
+                error=error,
+                times=times,
+                before_last=write_times,
+                on_close=on_close,
+            )
         return stream_tokens(
             tokens,
             sampling,
             aborted=aborted,
-            clock=clock,
             error=error,
             times=times,
             before_last=write_times,
-            on_close=lambda: self._aborted.pop(request_id, None),
+            on_close=on_close,
         )

@@ -7,9 +7,10 @@ streams back new token ids. The service renders prompts and decodes output (``do
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Literal, Protocol, runtime_checkable
 
 from domain.events import fast_init
 from domain.logprobs import TokenLogprob
@@ -68,6 +69,35 @@ class EngineChunk:
 fast_init(EngineChunk)  # one is made per token
 
 
+#: Where a pushed stream hands its chunks (:class:`PushedChunks`): called with each chunk, in
+#: order, from the engine's step; it returns None to have the next one at the next step, or an
+#: awaitable to have it only once that is done (the log is behind: backpressure).
+ChunkSink = Callable[[EngineChunk], Awaitable[None] | None]
+
+
+@runtime_checkable
+class PushedChunks(Protocol):
+    """A generation an engine can *push*: what ``generate`` returns when its steps can hand each
+    chunk straight to the consumer, in the step's own call, instead of waking a task of the
+    consumer's for every token (one future, one task switch and two generator resumptions a
+    token, at every step, for every stream). Still an async iterator of the same chunks, for
+    consumers that read it so."""
+
+    def __aiter__(self) -> AsyncIterator[EngineChunk]: ...
+
+    def __anext__(self) -> Awaitable[EngineChunk]: ...
+
+    def push_to(self, sink: ChunkSink) -> asyncio.Future[None]:
+        """Hand every chunk to ``sink``, the last one (its ``finish_reason`` set) included; the
+        future resolves after the last, or fails with what ``sink`` raised (nothing more is
+        pushed then). Once per generation, and not together with iterating it."""
+        ...
+
+    def close(self) -> None:
+        """Push nothing more (the consumer went away); the generation's resources are freed."""
+        ...
+
+
 class EngineError(Exception):
     """The engine cannot serve this request (bad prompt, engine dead)."""
 
@@ -106,6 +136,9 @@ class Engine(Protocol):
 
     def generate(
         self, prompt_token_ids: Sequence[int], sampling: Sampling, request_id: str
-    ) -> AsyncIterator[EngineChunk]: ...
+    ) -> AsyncIterator[EngineChunk]:
+        """The generation's chunks; an engine that can push them from its steps returns a
+        :class:`PushedChunks` (the service then uses ``push_to``)."""
+        ...
 
     async def abort(self, request_id: str) -> None: ...
