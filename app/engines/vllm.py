@@ -76,13 +76,14 @@ import json
 import logging
 import os
 import re
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from app.engines.protocol import (
+    ChunkSink,
     EngineChunk,
     EngineError,
     FinishReason,
@@ -345,6 +346,10 @@ class VllmEngine:
         self.constrains: bool = config.resolved_tokenizer is not None
         #: Added to every request's ``logit_bias`` (``--logit-bias``).
         self.logit_bias: dict[int, float] = dict(config.logit_bias)
+        #: Aborts of pushed requests whose consumer left, until vLLM has them.
+        self._aborts: set[asyncio.Future[None]] = set()
+        #: Requests being pushed (``_Pushed``): a stop ends each with an error.
+        self._pushed: set[_Pushed] = set()
 
     async def start(self) -> None:
         """Start vLLM's engine core (blocks the loop while it loads, as vLLM's own server does)."""
@@ -403,6 +408,8 @@ class VllmEngine:
         # hands the closing of its asyncio sockets back to this loop, which has run that callback
         # by the time the thread's result arrives.
         await asyncio.to_thread(llm.shutdown)
+        for pushed in list(self._pushed):  # (its output handler is gone: nothing more comes)
+            pushed.stopped()
         # vLLM never terminates its ZMQ context; once it is garbage collected pyzmq warns
         # ("Unclosed context"), which the test suite turns into an error. All its sockets are
         # closed now, so terminating it cannot block.
@@ -436,7 +443,8 @@ class VllmEngine:
     def generate(
         self, prompt_token_ids: Sequence[int], sampling: Sampling, request_id: str
     ) -> AsyncIterator[EngineChunk]:
-        """Validate now (raising ``EngineError``/``PromptTooLong``), then stream lazily."""
+        """Validate now (raising ``EngineError``/``PromptTooLong``), then stream lazily: pushed
+        from vLLM's output handler (``_Pushed``), or read."""
         if self._llm is None:
             raise EngineError("the vLLM engine is not started")
         prompt = list(prompt_token_ids)
@@ -447,7 +455,7 @@ class VllmEngine:
         self._check_ids(sampling.logit_bias, "logit_bias token id")
         self._check_ids(self.logit_bias, "--logit-bias token id")
         self._check_ids(sampling.stop_token_ids, "stop token id")
-        return self._stream(prompt, sampling, max_tokens, request_id)
+        return _Pushed(self, prompt, sampling, max_tokens, request_id)
 
     # -- internals ----------------------------------------------------------------------------------
 
@@ -512,10 +520,9 @@ class VllmEngine:
 
     async def _stream(
         self, prompt: list[int], sampling: Sampling, max_tokens: int, request_id: str
-    ) -> AsyncIterator[EngineChunk]:
+    ) -> AsyncGenerator[EngineChunk, None]:
         from vllm.exceptions import VLLMClientError
         from vllm.inputs import TokensPrompt
-        from vllm.v1.engine.exceptions import EngineDeadError
 
         llm = self._llm
         if llm is None or not self.healthy():
@@ -537,19 +544,12 @@ class VllmEngine:
             # vLLM's stream ended without a finished output: only a shutdown does that.
             finished = True
             yield EngineChunk((), finish_reason="error", error="the vLLM engine stopped")
-        except EngineDeadError as exc:
-            finished = True
-            self._dead = f"vLLM engine core died: {exc}"
-            log.error("request %s: %s", request_id, self._dead)
-            yield EngineChunk((), finish_reason="error", error=self._dead)
         except VLLMClientError as exc:
             finished = True  # vLLM rejected the request before it started
             raise EngineError(f"vLLM rejected the request: {exc}") from exc
-        except Exception as exc:  # EngineGenerateError and the like: this request only
+        except Exception as exc:  # the engine died, or this request failed (EngineGenerateError)
             finished = True
-            log.exception("request %s failed in vLLM", request_id)
-            cause = exc.__cause__ or exc
-            yield EngineChunk((), finish_reason="error", error=f"{type(cause).__name__}: {cause}")
+            yield self._error_chunk(request_id, exc)
         finally:
             if not finished:
                 # The consumer went away (aclose / GeneratorExit / CancelledError): free the
@@ -557,6 +557,18 @@ class VllmEngine:
                 await outputs.aclose()
                 if self._llm is not None and self._dead is None:
                     await self._llm.abort(request_id)
+
+    def _error_chunk(self, request_id: str, exc: BaseException) -> EngineChunk:
+        """The last chunk of a request vLLM failed (``_stream``'s and ``_Pushed``'s)."""
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        if isinstance(exc, EngineDeadError):
+            self._dead = f"vLLM engine core died: {exc}"
+            log.error("request %s: %s", request_id, self._dead)
+            return EngineChunk((), finish_reason="error", error=self._dead)
+        log.error("request %s failed in vLLM", request_id, exc_info=exc)
+        cause = exc.__cause__ or exc
+        return EngineChunk((), finish_reason="error", error=f"{type(cause).__name__}: {cause}")
 
     def _chunk(self, output: RequestOutput) -> EngineChunk:
         completion = output.outputs[0]
@@ -578,6 +590,171 @@ class VllmEngine:
             num_cached_tokens=cached,
             error="vLLM reported an error for this request" if reason == "error" else None,
         )
+
+
+class _Pushed:
+    """A vLLM request whose outputs vLLM's output handler hands straight to the consumer
+    (``app.engines.protocol.PushedChunks``): the request's output collector, whose ``put`` the
+    handler calls with each step's output, is given a ``put`` of ours that makes the chunk and
+    calls the sink there, instead of setting an event that wakes ``AsyncLLM.generate``'s task,
+    which would pass the output up two async generators to the consumer's task. While the sink
+    has asked to wait (the log is behind), outputs go to the collector as vLLM made them (it
+    merges them) and are handed over once the wait is over. Read with ``async for``, it is
+    ``VllmEngine._stream``."""
+
+    def __init__(
+        self, engine: VllmEngine, prompt: list[int], sampling: Sampling, max_tokens: int, request_id: str
+    ) -> None:
+        self._engine = engine
+        self._args = (prompt, sampling, max_tokens, request_id)
+        self._sink: ChunkSink | None = None
+        self._done: asyncio.Future[None] | None = None
+        self._queue: Any = None  # vLLM's RequestOutputCollector, once the request is added
+        self._adding: asyncio.Task[None] | None = None
+        self._vllm_put: Any = None  # the collector's own put
+        self._reader: AsyncGenerator[EngineChunk, None] | None = None
+        self._waiting = False
+        self._finished = False
+
+    def __aiter__(self) -> AsyncIterator[EngineChunk]:
+        return self._read()
+
+    def __anext__(self) -> Awaitable[EngineChunk]:
+        return self._read().__anext__()
+
+    def aclose(self) -> Awaitable[None]:
+        return self._read().aclose()
+
+    def _read(self) -> AsyncGenerator[EngineChunk, None]:
+        """Its chunks for a consumer that reads them: ``VllmEngine._stream``."""
+        if self._reader is None:
+            assert self._sink is None, "read or pushed, not both"
+            self._reader = self._engine._stream(*self._args)
+        return self._reader
+
+    def push_to(self, sink: ChunkSink) -> asyncio.Future[None]:
+        assert self._sink is None and self._done is None and self._reader is None, "pushed once, not read"
+        self._sink = sink
+        self._done = asyncio.get_running_loop().create_future()
+        self._adding = asyncio.ensure_future(self._add())
+        self._engine._pushed.add(self)
+        return self._done
+
+    def stopped(self) -> None:
+        """The engine stopped: the request ends with an error."""
+        self._send(EngineChunk((), finish_reason="error", error="the vLLM engine stopped"))
+
+    async def _add(self) -> None:
+        from vllm.exceptions import VLLMClientError
+        from vllm.inputs import TokensPrompt
+
+        engine = self._engine
+        prompt, sampling, max_tokens, request_id = self._args
+        llm = engine._llm
+        if llm is None or not engine.healthy():
+            self._send(EngineChunk((), finish_reason="error", error=engine._dead or "engine stopped"))
+            return
+        try:
+            params = engine._sampling_params(sampling, max_tokens)
+            queue = await llm.add_request(request_id, TokensPrompt(prompt_token_ids=prompt), params)
+        except VLLMClientError as exc:  # vLLM rejected the request before it started
+            self._fail(EngineError(f"vLLM rejected the request: {exc}"))
+            return
+        except Exception as exc:
+            self._send(engine._error_chunk(request_id, exc))
+            return
+        self._queue = queue
+        if self._sink is None:  # the consumer left while it was added
+            self._abort()
+            return
+        self._vllm_put = queue.put
+        queue.put = self._put  # type: ignore[method-assign]  # vLLM's output handler calls ours
+        early = queue.output  # what the handler put before that, if anything
+        if early is not None:
+            queue.output = None
+            queue.ready.clear()
+            self._put(early)
+
+    def _put(self, output: Any) -> None:
+        """vLLM's output handler's call, with the request's next output (or an exception)."""
+        if self._sink is None:
+            return
+        if self._waiting:  # vLLM's collector holds (and merges) them until the wait is over
+            self._vllm_put(output)
+            return
+        self._take(output)
+
+    def _take(self, output: Any) -> None:
+        engine = self._engine
+        request_id = self._args[3]
+        if isinstance(output, BaseException):
+            self._send(engine._error_chunk(request_id, output))
+            return
+        try:
+            chunk = engine._chunk(output)
+            top_k = self._args[1].logprobs
+            if top_k is not None:
+                chunk = _with_logprobs(chunk, output.outputs[0].logprobs, top_k)
+        except Exception as exc:  # (EngineError: logprobs vLLM did not give)
+            self._fail(exc)
+            return
+        self._send(chunk)
+
+    def _send(self, chunk: EngineChunk) -> None:
+        sink, done = self._sink, self._done
+        assert done is not None
+        if sink is None:
+            return
+        try:
+            wait = sink(chunk)
+        except BaseException as exc:  # never into vLLM's output handler: it serves every request
+            self._fail(exc)
+            return
+        if chunk.finish_reason is not None:
+            self._finished = True
+            self.close()
+            if not done.done():
+                done.set_result(None)
+        elif wait is not None:
+            self._waiting = True
+            asyncio.ensure_future(wait).add_done_callback(self._resume)
+
+    def _resume(self, _: Awaitable[None]) -> None:
+        self._waiting = False
+        queue = self._queue
+        if self._sink is None or queue is None:
+            return
+        held = queue.output  # what vLLM's collector merged meanwhile
+        if held is not None:
+            queue.output = None
+            queue.ready.clear()
+            self._take(held)
+
+    def _fail(self, exc: BaseException) -> None:
+        done = self._done
+        self.close()
+        if done is not None and not done.done():
+            done.set_exception(exc)
+
+    def close(self) -> None:
+        """Push nothing more; a request vLLM has not finished is aborted."""
+        self._engine._pushed.discard(self)
+        if self._sink is None and self._done is not None and self._done.done():
+            return
+        self._sink = None
+        if self._queue is not None or self._adding is None or self._adding.done():
+            self._abort()
+
+    def _abort(self) -> None:
+        queue, self._queue = self._queue, None
+        if queue is None:
+            return
+        queue.close()
+        engine = self._engine
+        if not self._finished and engine._llm is not None and engine._dead is None:
+            task = asyncio.ensure_future(engine._llm.abort(self._args[3]))
+            engine._aborts.add(task)  # (held until done: the loop keeps only weak references)
+            task.add_done_callback(engine._aborts.discard)
 
 
 def _with_logprobs(chunk: EngineChunk, logprobs: Any, k: int) -> EngineChunk:

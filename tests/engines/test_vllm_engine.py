@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from app.encoding import load_encoding
-from app.engines.protocol import EngineChunk, EngineError, PromptTooLong, Sampling
+from app.engines.protocol import EngineChunk, EngineError, PromptTooLong, PushedChunks, Sampling
 from app.engines.tiny_model import write_gpt_oss_20b_config, write_tiny_config
 from app.engines.vllm import (
     HARMONY_STOP_TOKEN_IDS,
@@ -470,6 +470,13 @@ async def test_dead_engine_core_ends_streams_with_error(vllm_scratch: Path) -> N
     try:
         stream = engine.generate(prompt(8), LONG, "doomed-1")
         await anext(stream)
+        # and one pushed from vLLM's output handler (``PushedChunks``), as the service takes them
+        pushing = engine.generate(prompt(8), LONG, "doomed-pushed")
+        assert isinstance(pushing, PushedChunks)
+        pushed: list[EngineChunk] = []
+        pushed_done = pushing.push_to(pushed.append)  # type: ignore[arg-type]
+        while not pushed:
+            await asyncio.sleep(0.01)
         cores = [c for c in me.children() if c.pid not in before and "EngineCore" in c.name()]
         assert cores, [c.name() for c in me.children()]
         for core in cores:
@@ -478,6 +485,9 @@ async def test_dead_engine_core_ends_streams_with_error(vllm_scratch: Path) -> N
         final = check_one_final(rest)
         assert final.finish_reason == "error"
         assert final.error and "died" in final.error
+        await asyncio.wait_for(pushed_done, timeout=30)
+        final = check_one_final(pushed)
+        assert final.finish_reason == "error" and final.error and "died" in final.error
         assert not engine.healthy()
         # A new request on the dead engine ends at once, with an error, instead of hanging.
         chunks = await asyncio.wait_for(
