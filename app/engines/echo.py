@@ -25,7 +25,7 @@ from pathlib import Path
 
 from openai_harmony import HarmonyEncoding
 
-from app.engines.protocol import ChunkSink, EngineChunk, EngineError, Sampling
+from app.engines.protocol import ChunkSink, EngineChunk, EngineError, Readable, Sampling
 
 __all__ = [
     "EchoEngine",
@@ -186,7 +186,7 @@ async def stream_tokens(
             on_close()
 
 
-class StepStream:
+class StepStream(Readable):
     """A paced stream its clock pushes (``app.engines.protocol.PushedChunks``): at each step the
     clock calls it, and it hands that step's token to the consumer's sink in the same call, as
     an engine's step loop hands every running request its output. Read with ``async for``, it
@@ -211,34 +211,22 @@ class StepStream:
         self._sink: ChunkSink | None = None
         self._done: asyncio.Future[None] | None = None
         self._sent = 0
-        self._reader: AsyncGenerator[EngineChunk, None] | None = None
 
-    def __aiter__(self) -> AsyncIterator[EngineChunk]:
-        return self._read()
-
-    def __anext__(self) -> Awaitable[EngineChunk]:
-        return self._read().__anext__()
-
-    def aclose(self) -> Awaitable[None]:
-        return self._read().aclose()
-
-    def _read(self) -> AsyncGenerator[EngineChunk, None]:
+    def _open_reader(self) -> AsyncGenerator[EngineChunk, None]:
         """Its chunks for a consumer that reads them: ``stream_tokens`` with the clock."""
-        if self._reader is None:
-            assert self._sink is None, "read or pushed, not both"
-            tokens, sampling, aborted, error, times, before_last = self._args
-            on_close, self._on_close = self._on_close, None  # (the reader closes it)
-            self._reader = stream_tokens(
-                tokens,
-                sampling,
-                aborted=aborted,
-                clock=self._clock,
-                error=error,
-                times=times,
-                before_last=before_last,
-                on_close=on_close,
-            )
-        return self._reader
+        assert self._sink is None, "read or pushed, not both"
+        tokens, sampling, aborted, error, times, before_last = self._args
+        on_close, self._on_close = self._on_close, None  # (the reader closes it)
+        return stream_tokens(
+            tokens,
+            sampling,
+            aborted=aborted,
+            clock=self._clock,
+            error=error,
+            times=times,
+            before_last=before_last,
+            on_close=on_close,
+        )
 
     def push_to(self, sink: ChunkSink) -> asyncio.Future[None]:
         assert self._sink is None and self._on_close is not None, "pushed once, not read"

@@ -8,7 +8,7 @@ streams back new token ids. The service renders prompts and decodes output (``do
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
@@ -96,6 +96,31 @@ class PushedChunks(Protocol):
     def close(self) -> None:
         """Push nothing more (the consumer went away); the generation's resources are freed."""
         ...
+
+
+class Readable:
+    """The reading side of a :class:`PushedChunks`: ``async for``, ``anext`` and ``aclose`` go to
+    the one generator ``_open_reader`` makes, on first use (a subclass makes it, and refuses once
+    it has been pushed)."""
+
+    _reader: AsyncGenerator[EngineChunk, None] | None = None
+
+    def __aiter__(self) -> AsyncIterator[EngineChunk]:
+        return self._read()
+
+    def __anext__(self) -> Awaitable[EngineChunk]:
+        return self._read().__anext__()
+
+    def aclose(self) -> Awaitable[None]:
+        return self._read().aclose()
+
+    def _read(self) -> AsyncGenerator[EngineChunk, None]:
+        if self._reader is None:
+            self._reader = self._open_reader()
+        return self._reader
+
+    def _open_reader(self) -> AsyncGenerator[EngineChunk, None]:
+        raise NotImplementedError
 
 
 class EngineError(Exception):

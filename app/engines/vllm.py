@@ -88,6 +88,7 @@ from app.engines.protocol import (
     EngineError,
     FinishReason,
     PromptTooLong,
+    Readable,
     Sampling,
     TokenLogprob,
 )
@@ -592,7 +593,7 @@ class VllmEngine:
         )
 
 
-class _Pushed:
+class _Pushed(Readable):
     """A vLLM request whose outputs vLLM's output handler hands straight to the consumer
     (``app.engines.protocol.PushedChunks``): the request's output collector, whose ``put`` the
     handler calls with each step's output, is given a ``put`` of ours that makes the chunk and
@@ -612,25 +613,13 @@ class _Pushed:
         self._queue: Any = None  # vLLM's RequestOutputCollector, once the request is added
         self._adding: asyncio.Task[None] | None = None
         self._vllm_put: Any = None  # the collector's own put
-        self._reader: AsyncGenerator[EngineChunk, None] | None = None
         self._waiting = False
         self._finished = False
 
-    def __aiter__(self) -> AsyncIterator[EngineChunk]:
-        return self._read()
-
-    def __anext__(self) -> Awaitable[EngineChunk]:
-        return self._read().__anext__()
-
-    def aclose(self) -> Awaitable[None]:
-        return self._read().aclose()
-
-    def _read(self) -> AsyncGenerator[EngineChunk, None]:
+    def _open_reader(self) -> AsyncGenerator[EngineChunk, None]:
         """Its chunks for a consumer that reads them: ``VllmEngine._stream``."""
-        if self._reader is None:
-            assert self._sink is None, "read or pushed, not both"
-            self._reader = self._engine._stream(*self._args)
-        return self._reader
+        assert self._sink is None, "read or pushed, not both"
+        return self._engine._stream(*self._args)
 
     def push_to(self, sink: ChunkSink) -> asyncio.Future[None]:
         assert self._sink is None and self._done is None and self._reader is None, "pushed once, not read"

@@ -93,7 +93,9 @@ async def test_a_sink_that_returns_a_future_has_its_next_token_only_once_it_is_d
         return gate if len(got) == 2 else None
 
     done = stream.push_to(sink)
-    await asyncio.sleep(0.05)  # ~50 steps of 1 ms
+    while len(got) < 2:
+        await asyncio.sleep(0.001)
+    await asyncio.sleep(0.05)  # ~50 steps of 1 ms: none of them pushes a token
     assert len(got) == 2 and not done.done()
     gate.set_result(None)
     await asyncio.wait_for(done, 5)
@@ -116,7 +118,8 @@ async def test_a_failing_sink_ends_the_push_with_its_error_and_closing_stops_it(
     stream = engine.generate([200006], Sampling(stop_token_ids=STOPS), "r2")
     assert isinstance(stream, PushedChunks)
     done = stream.push_to(got.append)  # type: ignore[arg-type]
-    await asyncio.sleep(0.01)
+    while not got:
+        await asyncio.sleep(0.001)
     stream.close()  # the consumer went away
     seen = len(got)
     await asyncio.sleep(0.02)
