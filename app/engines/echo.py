@@ -251,11 +251,19 @@ class StepStream(Readable):
         sent = self._sent
         self._sent = sent + 1
         script = self._script
-        chunk = script.token(sent)
+        try:  # (``before_last`` writes a file): this stream's failure, not the step's
+            chunk = script.token(sent)
+        except Exception as exc:
+            self._fail(exc)
+            return
         wait = self._send(chunk)
         if chunk.finish_reason is not None or self._sink is None:
             return
-        end = script.ending(sent + 1)
+        try:
+            end = script.ending(sent + 1)
+        except Exception as exc:
+            self._fail(exc)
+            return
         if end is not None:
             self._send(end)
         elif wait is None:
@@ -267,6 +275,12 @@ class StepStream(Readable):
         if self._sink is not None:
             self._clock.call_at_step(self._step)
 
+    def _fail(self, exc: BaseException) -> None:
+        done = self._done
+        self.close()
+        if done is not None and not done.done():
+            done.set_exception(exc)
+
     def _send(self, chunk: EngineChunk) -> Awaitable[None] | None:
         """Hand ``chunk`` to the sink; after the last one, or when the sink fails, the stream
         is over (``push_to``'s future says how)."""
@@ -275,9 +289,7 @@ class StepStream(Readable):
         try:
             wait = sink(chunk)
         except BaseException as exc:  # (a Rust panic is not an Exception): the consumer's to see
-            self.close()
-            if not done.done():
-                done.set_exception(exc)
+            self._fail(exc)
             return None
         if chunk.finish_reason is not None:
             self.close()
