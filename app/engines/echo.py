@@ -20,12 +20,12 @@ import struct
 import sys
 import time
 from array import array
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from pathlib import Path
 
 from openai_harmony import HarmonyEncoding
 
-from app.engines.protocol import ChunkSink, EngineChunk, EngineError, Readable, Sampling
+from app.engines.protocol import EngineChunk, EngineError, Pushable, Sampling
 
 __all__ = [
     "EchoEngine",
@@ -148,7 +148,7 @@ class _Tokens:
         return chunk
 
 
-async def stream_tokens(
+def stream_tokens(
     token_ids: Sequence[int],
     sampling: Sampling,
     *,
@@ -161,7 +161,12 @@ async def stream_tokens(
 ) -> AsyncGenerator[EngineChunk, None]:
     """Stream ``token_ids`` one at a time (see ``_Tokens``); with a ``clock``, each token waits
     for its next step; ``on_close`` once the stream ends or is closed."""
-    script = _Tokens(token_ids, sampling, aborted, error, times, before_last)
+    return _read(_Tokens(token_ids, sampling, aborted, error, times, before_last), clock, on_close)
+
+
+async def _read(
+    script: _Tokens, clock: StepClock | None, on_close: Callable[[], None] | None
+) -> AsyncGenerator[EngineChunk, None]:
     try:
         sent = 0
         while True:
@@ -186,7 +191,7 @@ async def stream_tokens(
             on_close()
 
 
-class StepStream(Readable):
+class StepStream(Pushable):
     """A paced stream its clock pushes (``app.engines.protocol.PushedChunks``): at each step the
     clock calls it, and it hands that step's token to the consumer's sink in the same call, as
     an engine's step loop hands every running request its output. Read with ``async for``, it
@@ -204,43 +209,24 @@ class StepStream(Readable):
         before_last: Callable[[], None] | None,
         on_close: Callable[[], None],
     ) -> None:
-        self._args = (token_ids, sampling, aborted, error, times, before_last)
         self._script = _Tokens(token_ids, sampling, aborted, error, times, before_last)
         self._clock = clock
         self._on_close: Callable[[], None] | None = on_close
-        self._sink: ChunkSink | None = None
-        self._done: asyncio.Future[None] | None = None
         self._sent = 0
 
     def _open_reader(self) -> AsyncGenerator[EngineChunk, None]:
-        """Its chunks for a consumer that reads them: ``stream_tokens`` with the clock."""
-        assert self._sink is None, "read or pushed, not both"
-        tokens, sampling, aborted, error, times, before_last = self._args
         on_close, self._on_close = self._on_close, None  # (the reader closes it)
-        return stream_tokens(
-            tokens,
-            sampling,
-            aborted=aborted,
-            clock=self._clock,
-            error=error,
-            times=times,
-            before_last=before_last,
-            on_close=on_close,
-        )
+        return _read(self._script, self._clock, on_close)
 
-    def push_to(self, sink: ChunkSink) -> asyncio.Future[None]:
-        assert self._sink is None and self._on_close is not None, "pushed once, not read"
-        self._sink = sink
-        self._done = asyncio.get_running_loop().create_future()
+    def _begin(self) -> None:
         end = self._script.ending(0)
         if end is not None:
             self._send(end)
         else:
             self._clock.call_at_step(self._step)
-        return self._done
 
     def close(self) -> None:
-        self._sink = None
+        super().close()
         on_close, self._on_close = self._on_close, None
         if on_close is not None:
             on_close()
@@ -253,13 +239,9 @@ class StepStream(Readable):
         script = self._script
         try:  # (``before_last`` writes a file): this stream's failure, not the step's
             chunk = script.token(sent)
-        except Exception as exc:
-            self._fail(exc)
-            return
-        wait = self._send(chunk)
-        if chunk.finish_reason is not None or self._sink is None:
-            return
-        try:
+            wait = self._send(chunk)
+            if chunk.finish_reason is not None or self._sink is None:
+                return
             end = script.ending(sent + 1)
         except Exception as exc:
             self._fail(exc)
@@ -274,28 +256,6 @@ class StepStream(Readable):
     def _resume(self, _: asyncio.Future[None]) -> None:
         if self._sink is not None:
             self._clock.call_at_step(self._step)
-
-    def _fail(self, exc: BaseException) -> None:
-        done = self._done
-        self.close()
-        if done is not None and not done.done():
-            done.set_exception(exc)
-
-    def _send(self, chunk: EngineChunk) -> Awaitable[None] | None:
-        """Hand ``chunk`` to the sink; after the last one, or when the sink fails, the stream
-        is over (``push_to``'s future says how)."""
-        sink, done = self._sink, self._done
-        assert sink is not None and done is not None
-        try:
-            wait = sink(chunk)
-        except BaseException as exc:  # (a Rust panic is not an Exception): the consumer's to see
-            self._fail(exc)
-            return None
-        if chunk.finish_reason is not None:
-            self.close()
-            if not done.done():
-                done.set_result(None)
-        return wait
 
 
 def token_times_record(request_id: str, times: Sequence[int]) -> bytes:

@@ -98,12 +98,18 @@ class PushedChunks(Protocol):
         ...
 
 
-class Readable:
-    """The reading side of a :class:`PushedChunks`: ``async for``, ``anext`` and ``aclose`` go to
-    the one generator ``_open_reader`` makes, on first use (a subclass makes it, and refuses once
-    it has been pushed)."""
+class Pushable:
+    """What a :class:`PushedChunks` implementation shares: its reading side (``async for``,
+    ``anext`` and ``aclose`` go to the one generator ``_open_reader`` makes, on first use) and
+    its pushing side (``push_to`` hands the sink over and calls ``_begin``; ``_send`` gives the
+    sink a chunk and ends the push after the last one, or when the sink fails). A generation is
+    read or pushed, never both."""
 
     _reader: AsyncGenerator[EngineChunk, None] | None = None
+    _sink: ChunkSink | None = None
+    _done: asyncio.Future[None] | None = None
+    #: The last chunk was pushed: nothing is left to abort.
+    _finished = False
 
     def __aiter__(self) -> AsyncIterator[EngineChunk]:
         return self._read()
@@ -116,11 +122,51 @@ class Readable:
 
     def _read(self) -> AsyncGenerator[EngineChunk, None]:
         if self._reader is None:
+            assert self._done is None, "read or pushed, not both"
             self._reader = self._open_reader()
         return self._reader
 
     def _open_reader(self) -> AsyncGenerator[EngineChunk, None]:
         raise NotImplementedError
+
+    def push_to(self, sink: ChunkSink) -> asyncio.Future[None]:
+        assert self._done is None and self._reader is None, "pushed once, not read"
+        self._sink = sink
+        self._done = asyncio.get_running_loop().create_future()
+        self._begin()
+        return self._done
+
+    def _begin(self) -> None:
+        """Start pushing (``push_to`` has set the sink)."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self._sink = None
+
+    def _send(self, chunk: EngineChunk) -> Awaitable[None] | None:
+        """Hand ``chunk`` to the sink (none once closed); returns what the sink asked to wait for.
+        After the last chunk, or when the sink fails, the push is over (``push_to``'s future
+        says how): the sink's exception never reaches the engine's step."""
+        sink, done = self._sink, self._done
+        if sink is None or done is None:
+            return None
+        try:
+            wait = sink(chunk)
+        except BaseException as exc:  # (a Rust panic is not an Exception): the consumer's to see
+            self._fail(exc)
+            return None
+        if chunk.finish_reason is not None:
+            self._finished = True
+            self.close()
+            if not done.done():
+                done.set_result(None)
+        return wait
+
+    def _fail(self, exc: BaseException) -> None:
+        done = self._done
+        self.close()
+        if done is not None and not done.done():
+            done.set_exception(exc)
 
 
 class EngineError(Exception):

@@ -83,12 +83,11 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from app.engines.protocol import (
-    ChunkSink,
     EngineChunk,
     EngineError,
     FinishReason,
     PromptTooLong,
-    Readable,
+    Pushable,
     Sampling,
     TokenLogprob,
 )
@@ -593,7 +592,7 @@ class VllmEngine:
         )
 
 
-class _Pushed(Readable):
+class _Pushed(Pushable):
     """A vLLM request whose outputs vLLM's output handler hands straight to the consumer
     (``app.engines.protocol.PushedChunks``): the request's output collector, whose ``put`` the
     handler calls with each step's output, is given a ``put`` of ours that makes the chunk and
@@ -608,26 +607,17 @@ class _Pushed(Readable):
     ) -> None:
         self._engine = engine
         self._args = (prompt, sampling, max_tokens, request_id)
-        self._sink: ChunkSink | None = None
-        self._done: asyncio.Future[None] | None = None
         self._queue: Any = None  # vLLM's RequestOutputCollector, once the request is added
         self._adding: asyncio.Task[None] | None = None
         self._vllm_put: Any = None  # the collector's own put
         self._waiting = False
-        self._finished = False
 
     def _open_reader(self) -> AsyncGenerator[EngineChunk, None]:
-        """Its chunks for a consumer that reads them: ``VllmEngine._stream``."""
-        assert self._sink is None, "read or pushed, not both"
         return self._engine._stream(*self._args)
 
-    def push_to(self, sink: ChunkSink) -> asyncio.Future[None]:
-        assert self._sink is None and self._done is None and self._reader is None, "pushed once, not read"
-        self._sink = sink
-        self._done = asyncio.get_running_loop().create_future()
+    def _begin(self) -> None:
         self._adding = asyncio.ensure_future(self._add())
         self._engine._pushed.add(self)
-        return self._done
 
     def stopped(self) -> None:
         """The engine stopped: the request ends with an error."""
@@ -658,11 +648,7 @@ class _Pushed(Readable):
             return
         self._vllm_put = queue.put
         queue.put = self._put  # type: ignore[method-assign]  # vLLM's output handler calls ours
-        early = queue.output  # what the handler put before that, if anything
-        if early is not None:
-            queue.output = None
-            queue.ready.clear()
-            self._put(early)
+        self._take_held()  # what the handler put before that, if anything
 
     def _put(self, output: Any) -> None:
         """vLLM's output handler's call, with the request's next output (or an exception)."""
@@ -672,6 +658,16 @@ class _Pushed(Readable):
             self._vllm_put(output)
             return
         self._take(output)
+
+    def _take_held(self) -> None:
+        """Take what vLLM's collector holds, if anything (``get_nowait`` raises what it holds
+        when that is an exception)."""
+        try:
+            held = self._queue.get_nowait()
+        except Exception as exc:
+            held = exc
+        if held is not None:
+            self._take(held)
 
     def _take(self, output: Any) -> None:
         engine = self._engine
@@ -687,50 +683,22 @@ class _Pushed(Readable):
         except Exception as exc:  # (EngineError: logprobs vLLM did not give)
             self._fail(exc)
             return
-        self._send(chunk)
-
-    def _send(self, chunk: EngineChunk) -> None:
-        sink, done = self._sink, self._done
-        assert done is not None
-        if sink is None:
-            return
-        try:
-            wait = sink(chunk)
-        except BaseException as exc:  # never into vLLM's output handler: it serves every request
-            self._fail(exc)
-            return
-        if chunk.finish_reason is not None:
-            self._finished = True
-            self.close()
-            if not done.done():
-                done.set_result(None)
-        elif wait is not None:
+        wait = self._send(chunk)
+        if wait is not None and self._sink is not None:
             self._waiting = True
             asyncio.ensure_future(wait).add_done_callback(self._resume)
 
     def _resume(self, _: Awaitable[None]) -> None:
         self._waiting = False
-        queue = self._queue
-        if self._sink is None or queue is None:
-            return
-        held = queue.output  # what vLLM's collector merged meanwhile
-        if held is not None:
-            queue.output = None
-            queue.ready.clear()
-            self._take(held)
-
-    def _fail(self, exc: BaseException) -> None:
-        done = self._done
-        self.close()
-        if done is not None and not done.done():
-            done.set_exception(exc)
+        if self._sink is not None and self._queue is not None:
+            self._take_held()  # what vLLM's collector merged meanwhile
 
     def close(self) -> None:
         """Push nothing more; a request vLLM has not finished is aborted."""
         self._engine._pushed.discard(self)
         if self._sink is None and self._done is not None and self._done.done():
             return
-        self._sink = None
+        super().close()
         if self._queue is not None or self._adding is None or self._adding.done():
             self._abort()
 

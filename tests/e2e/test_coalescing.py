@@ -1,6 +1,7 @@
 """Deltas follow the commits (``RESPONSES_LEDGER_COALESCE_DELTAS``): through the OpenAI SDK, a
 fast engine's tokens that waited for a commit arrive as fewer, longer deltas whose text, the
-``.done`` event, GET and a takeover's replay all agree; with it off, a delta a token."""
+``.done`` event and GET agree; with it off, a delta a token. (A takeover's replay of such a log:
+``tests/domain/test_continuation.py``.)"""
 
 from __future__ import annotations
 

@@ -53,8 +53,8 @@ def _settings(tmp: Path, impl: str, **overrides: Any) -> Settings:
         http_max_head_bytes=MAX_HEAD,
         send_buffer_bytes=SEND_BUFFER,
         send_stall_s=STALL_S,
-        # a delta a token (the default, kept whatever it becomes): these tests need a long stream of small writes, which an
-        # unpaced engine's coalesced deltas (a few, each with thousands of tokens) are not
+        # a delta a token (the default, pinned): these tests need a long stream of small writes,
+        # which an unpaced engine's coalesced deltas (a few, each of thousands of tokens) are not
         coalesce_deltas=False,
     )
     values.update(overrides)

@@ -24,23 +24,23 @@ from tests.engines.test_vllm_engine import (
 pytestmark = pytest.mark.vllm
 
 
-def pushed(engine: VllmEngine, ids: list[int], sampling: Sampling, name: str) -> tuple[PushedChunks, list[EngineChunk]]:
+def pushed(engine: VllmEngine, ids: list[int], sampling: Sampling, name: str) -> PushedChunks:
     stream = engine.generate(ids, sampling, request_id(name))
     assert isinstance(stream, PushedChunks)
-    return stream, []
+    return stream
 
 
 async def test_pushed_chunks_are_the_chunks_read(vllm_engine: VllmEngine) -> None:
     greedy = Sampling(max_tokens=6, temperature=0.0, logit_bias=NO_STOP, logprobs=2)
     read = await collect(vllm_engine.generate(prompt(12, 5), greedy, request_id("read")))
-    stream, got = pushed(vllm_engine, prompt(12, 5), greedy, "pushed")
+    stream, got = pushed(vllm_engine, prompt(12, 5), greedy, "pushed"), []
     await asyncio.wait_for(stream.push_to(got.append), 30)  # type: ignore[arg-type]
     assert check_one_final(got).finish_reason == "length"
     assert [c.token_ids for c in got] == [c.token_ids for c in read] and len(tokens(got)) == 6
     assert all(c.logprobs is not None and len(c.logprobs) == len(c.token_ids) for c in got if c.token_ids)
     assert [[top for _, top in c.logprobs or ()] for c in got] == [[top for _, top in c.logprobs or ()] for c in read]
     # a forced stop token ends it with stop
-    stream, got = pushed(vllm_engine, prompt(10), Sampling(max_tokens=20, logit_bias={200002: 100.0}), "stop")
+    stream, got = pushed(vllm_engine, prompt(10), Sampling(max_tokens=20, logit_bias={200002: 100.0}), "stop"), []
     await asyncio.wait_for(stream.push_to(got.append), 30)  # type: ignore[arg-type]
     assert check_one_final(got).finish_reason == "stop" and tokens(got) == [200002]
 
@@ -60,7 +60,7 @@ async def test_abort_ends_a_pushed_request(vllm_engine: VllmEngine) -> None:
 
 
 async def test_a_consumer_that_leaves_or_fails_aborts_the_request(vllm_engine: VllmEngine) -> None:
-    stream, got = pushed(vllm_engine, prompt(8), LONG, "gone")
+    stream, got = pushed(vllm_engine, prompt(8), LONG, "gone"), []
     done = stream.push_to(got.append)  # type: ignore[arg-type]
     while not got:
         await asyncio.sleep(0.01)
@@ -72,7 +72,7 @@ async def test_a_consumer_that_leaves_or_fails_aborts_the_request(vllm_engine: V
     def failing(chunk: EngineChunk) -> None:
         raise RuntimeError("the decoder broke")
 
-    stream, _ = pushed(vllm_engine, prompt(8), LONG, "failing")
+    stream = pushed(vllm_engine, prompt(8), LONG, "failing")
     with pytest.raises(RuntimeError, match="the decoder broke"):
         await asyncio.wait_for(stream.push_to(failing), 30)
     await wait_until_idle(vllm_engine)
@@ -89,7 +89,7 @@ async def test_outputs_made_while_the_consumer_waits_come_after_the_wait_merged(
         got.append(chunk)
         return gate if len(got) == 1 else None
 
-    stream, _ = pushed(vllm_engine, prompt(8), Sampling(max_tokens=40, logit_bias=NO_STOP), "wait")
+    stream = pushed(vllm_engine, prompt(8), Sampling(max_tokens=40, logit_bias=NO_STOP), "wait")
     done = stream.push_to(sink)
     while not got:
         await asyncio.sleep(0.01)
