@@ -39,19 +39,19 @@ def test_a_fast_engines_waiting_tokens_are_one_delta_and_everything_agrees(
 ) -> None:
     running, engine, coalesce = server
     engine.add_turns({"completion": harmony(("final", WORDS))})
-    client = OpenAI(base_url=running.base_url + "/v1", api_key="none")
-    with client.responses.stream(model=MODEL, input="go") as stream:
-        events = list(stream)
-        final = stream.get_final_response()
-    deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
-    [done] = [e.text for e in events if e.type == "response.output_text.done"]
-    assert "".join(deltas) == done == final.output_text == WORDS
-    assert [e.sequence_number for e in events] == list(range(len(events)))
-    tokens = final.usage.output_tokens
-    if coalesce:  # the engine outruns the commits: tokens waited, and rode together
-        assert len(deltas) < tokens / 4, (len(deltas), tokens)
-    else:
-        assert len(deltas) >= len(load_encoding().encode(WORDS)) - 1
-    stored = client.responses.retrieve(final.id)
-    assert stored.output_text == WORDS and stored.status == final.status == "completed"
-    assert [o.id for o in stored.output] == [o.id for o in final.output]
+    with OpenAI(base_url=running.base_url + "/v1", api_key="none") as client:  # (closed: its socket too)
+        with client.responses.stream(model=MODEL, input="go") as stream:
+            events = list(stream)
+            final = stream.get_final_response()
+        deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
+        [done] = [e.text for e in events if e.type == "response.output_text.done"]
+        assert "".join(deltas) == done == final.output_text == WORDS
+        assert [e.sequence_number for e in events] == list(range(len(events)))
+        tokens = final.usage.output_tokens
+        if coalesce:  # the engine outruns the commits: tokens waited, and rode together
+            assert len(deltas) < tokens / 4, (len(deltas), tokens)
+        else:
+            assert len(deltas) >= len(load_encoding().encode(WORDS)) - 1
+        stored = client.responses.retrieve(final.id)
+        assert stored.output_text == WORDS and stored.status == final.status == "completed"
+        assert [o.id for o in stored.output] == [o.id for o in final.output]
