@@ -277,6 +277,12 @@ class Metrics:
             "streaming its own responses adds none (one lock of its replica's row a commit).",
             getattr(store, "fence_row_checks", 0),
         )
+        yield _counter(
+            "ledger_one_trip_commits",
+            "PostgreSQL commits made in one statement, one round trip: a batch that only "
+            "appends events to this replica's own logs (a stream's steady state).",
+            getattr(store, "one_trip_commits", 0),
+        )
         yield _gauge(
             "ledger_store_writable",
             "1 while the database takes writes, 0 while it fails (see /health).",

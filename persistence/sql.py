@@ -8,7 +8,10 @@ passed through verbatim). On SQLite the whole transaction runs as one function o
 thread of :mod:`persistence.sqlite_writer` (plain ``sqlite3``); on PostgreSQL it runs on the
 asyncpg connection under a pooled SQLAlchemy connection, with the inserts as binary ``COPY``
 (a 500-event commit 5.6 -> 3.4 ms, 9.5 -> 5.5 us of PostgreSQL CPU per row against
-``executemany``; SQLAlchemy added ~0.3 ms per statement on top). Reads use SQLAlchemy on both.
+``executemany``; SQLAlchemy added ~0.3 ms per statement on top), except a stream's steady
+state: a commit that only appends to this replica's own logs, up to ``_ONE_STATEMENT_MAX_ROWS``
+events, is one statement, its own transaction, in one round trip (``SqlStore._append_alone``).
+Reads use SQLAlchemy on both.
 
 Validation happens before the batch writes anything. The store remembers the tail of every log
 it has written recently (next ``seq``, ended or not); a submission whose ``expected_seq`` is
@@ -132,6 +135,12 @@ _CONSTRAINT = (IntegrityError, sqlite3.IntegrityError, asyncpg.IntegrityConstrai
 #: cheapest per row), fewer with one ``executemany`` (one round trip; a new response's row, its
 #: input items, audit records and item index entries are a few rows each).
 _COPY_MIN_ROWS = 32
+#: PostgreSQL: a commit that only appends (``SqlStore._append_alone``) is one statement up to
+#: this many rows. Measured (bench/RESULTS.md, twelfth session): paced, 256 streams, a commit
+#: holds ~256 rows and one round trip instead of four raised tokens/s ~5%; unpaced, a commit
+#: holds ~3,300 rows (16 streams, the median) and the statement's ``unnest`` cost the database
+#: ~1 µs a row more than ``COPY``, which lowered tokens/s by 5-15%.
+_ONE_STATEMENT_MAX_ROWS = 1024
 #: A replica id that may go into SQL text as it is (``SqlStore._begin``).
 _PLAIN_ID = re.compile(r"[A-Za-z0-9_]{1,64}")
 # First pause between retries of a commit the database did not take, doubled up to the cap.
@@ -384,6 +393,8 @@ class SqlStore:
         self._own_lock: str | None = None
         #: Logs whose epoch a commit checked row by row (the fence's slow path), since opening.
         self.fence_row_checks = 0
+        #: Commits that were one statement (``_append_alone``), since opening.
+        self.one_trip_commits = 0
         # Whether this lease's first heartbeat rang ``REPLICAS`` (see ``probe``).
         self._announced = False
         #: Rung (``persistence.doorbell``) for every response whose events a commit made durable,
@@ -789,6 +800,10 @@ class SqlStore:
         assert raw is not None  # a live pooled connection
         earned: dict[str, int] = {}
         try:
+            if previous is None and not unknown:
+                alone = await self._append_alone(raw, batch, tails)
+                if alone is not None:
+                    return alone
             own_fence = await self._begin(raw)
             if unknown:
                 _found_tails(tails, unknown, await raw.fetch(self._sql.tails(len(unknown)), *unknown))
@@ -824,6 +839,48 @@ class SqlStore:
                     await raw.execute("ROLLBACK")
             raise
         self._fenced_at.update(earned)  # committed: the new logs exist, the checks stand
+        return plan
+
+    async def _append_alone(
+        self, raw: Any, batch: list[_Write], tails: dict[str, _Tail | None]
+    ) -> _Plan | None:
+        """A stream's steady state in one round trip instead of three or four (BEGIN with the
+        lock; the rows, one ``executemany`` or ``COPY``'s two; COMMIT), each of which waits for
+        a busy event loop to come round: when the batch only appends events to logs this
+        replica last checked at its row's ``fence`` value (``_fence``'s shortcut for all of
+        them), and no more than ``_ONE_STATEMENT_MAX_ROWS``, one statement, a transaction of its
+        own, share-locks the row if ``fence`` still holds that value and inserts every event
+        only then. Returns the plan it committed; None when the batch is not such a batch, or
+        the fence moved (nothing was written: the full transaction follows and finds out why)."""
+        seen, replica = self._own_fence, self._replica
+        if seen is None or replica is None or self._own_lock is None:
+            return None
+        known, own = self._fenced_at, self._epochs
+        epochs: dict[str, int] = {}
+        rows = 0
+        for write in batch:
+            if type(write) is not _Append or write.update is not None or write.index is not None:
+                return None
+            rid = write.response_id
+            if known.get(rid) != seen:
+                return None
+            epochs[rid] = own.get(rid, 0)
+            rows += len(write.rows)
+        if rows > _ONE_STATEMENT_MAX_ROWS:
+            return None
+        planned = dict(tails)  # (the plan advances them; kept only if the statement commits)
+        plan = self._plan(batch, planned, epochs)
+        if len(plan.statements) != 1:  # every write refused: the full path says so
+            return None
+        values = plan.statements[0][1]
+        self._last_plan = plan  # (a retry after a lost answer looks for it in the log)
+        columns = map(list, zip(*values, strict=True))  # (one array a column)
+        status = await raw.execute(_APPEND_FENCED, replica[0].id, seen, *columns)
+        if status != f"INSERT 0 {len(values)}":
+            self._last_plan = None
+            return None
+        tails.update(planned)
+        self.one_trip_commits += 1
         return plan
 
     async def _begin(self, raw: Any) -> int | None:
@@ -1570,6 +1627,17 @@ _TAIL_READ = text(
 _FENCE = "SELECT id, epoch, owner FROM responses WHERE id = ANY($1::text[]) FOR SHARE"
 # Its shortcut: this replica's own row, share-locked (see ``SqlStore._fence``).
 _OWN_FENCE = "SELECT fence FROM replicas WHERE id = $1 FOR SHARE"
+# A commit of appends alone, in one statement (``SqlStore._append_alone``): the events of the
+# batch, one array a column, inserted only while the replica's row holds the fence value given
+# (share-locked, as ``_OWN_FENCE`` locks it, until the statement's own transaction commits).
+_APPEND_FENCED = (
+    "WITH own AS (SELECT 1 FROM replicas WHERE id = $1 AND fence = $2 FOR SHARE)"
+    " INSERT INTO response_events (response_id, seq, type, payload, recorded_at, token_ids)"
+    " SELECT e.response_id, e.seq, e.type, e.payload::jsonb, e.recorded_at, e.token_ids"
+    " FROM unnest($3::text[], $4::int4[], $5::text[], $6::text[], $7::float8[], $8::bytea[])"
+    " AS e(response_id, seq, type, payload, recorded_at, token_ids)"
+    " WHERE EXISTS (SELECT 1 FROM own)"
+)
 
 
 def _bump_fence(owner: Any) -> Any:

@@ -15,7 +15,13 @@ from persistence.doorbell import PgDoorbell
 from persistence.errors import Fenced, NotFound
 from persistence.memory import MemoryStore
 from persistence.records import NewResponse, Replica
-from persistence.sql import _OWN_FENCE, SqlStore, open_store
+from persistence.sql import (
+    _APPEND_FENCED,
+    _ONE_STATEMENT_MAX_ROWS,
+    _OWN_FENCE,
+    SqlStore,
+    open_store,
+)
 from persistence.store import REPLICAS_CHANNEL, EventStore
 from tests.persistence.contract import EventStoreContract
 from tests.persistence.factories import completed, created, delta, new_response
@@ -110,6 +116,7 @@ async def test_a_leased_replica_fences_its_logs_by_its_own_row_and_still_loses_t
             for response in (claimed, kept, deleted, by_hand):
                 await a.append(response.id, [delta(seq)], seq)
         assert a.fence_row_checks == 0  # created here: each log's fence was its replica's row
+        assert a.one_trip_commits == 8  # and the deltas were each one statement
 
         assert await b.claim(claimed.id, "rep_a", "rep_b") == 1
         with pytest.raises(Fenced):
@@ -117,6 +124,7 @@ async def test_a_leased_replica_fences_its_logs_by_its_own_row_and_still_loses_t
         await a.append(kept.id, [delta(3)], 3)  # checked row by row once more, then not
         await a.append(kept.id, [delta(4)], 4)
         assert a.fence_row_checks == 2
+        assert a.one_trip_commits == 9  # not the refused one (its fence had moved), nor seq 3
 
         assert await b.delete(deleted.id)
         with pytest.raises(NotFound):
@@ -223,13 +231,16 @@ async def test_a_leases_first_heartbeat_rings_the_other_replicas_once(clean_post
 
 
 @pytest.mark.postgres
-async def test_a_leased_replicas_commit_takes_three_round_trips_once_it_knows_its_fence(
+async def test_a_leased_replicas_commit_of_appends_is_one_statement_once_it_knows_its_fence(
     clean_postgres_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A paced engine's commit (one delta a log) is BEGIN with the replica row's share lock in
-    one round trip, the rows, COMMIT. A handful of rows go in with one ``executemany``; many with
-    ``COPY``. After a claim bumps the fence, the BEGIN's check fails and the commit reads the row
-    as before: the log that was claimed is fenced out, the other one goes on."""
+    """A paced engine's commit (one delta a log), or any that only appends to the replica's own
+    logs, is one statement in one round trip: the replica row's share lock and every row
+    (``_APPEND_FENCED``). After a claim bumps the fence that statement writes nothing, and the
+    commit goes the long way: BEGIN with the lock, whose check fails too, the row read as before;
+    the log that was claimed is fenced out, the other one goes on. A commit that does more than
+    append (here: a new response), or appends more than ``_ONE_STATEMENT_MAX_ROWS`` rows, is
+    BEGIN, its statements (``COPY`` for many rows), COMMIT."""
     a = await _leased(clean_postgres_url, "rep_a")
     b = await _leased(clean_postgres_url, "rep_b")
     statements: list[str] = []
@@ -249,23 +260,33 @@ async def test_a_leased_replicas_commit_takes_three_round_trips_once_it_knows_it
 
     monkeypatch.setattr(asyncpg.Connection, "copy_records_to_table", logged_copy)
     try:
-        kept, claimed = await _owned_log(a, "rep_a"), await _owned_log(a, "rep_a")
-        await a.append(kept.id, [delta(1)], 1)  # its fence is read (and remembered) here
+        one = _APPEND_FENCED.split(" (")[0]  # (as the logger above cuts it)
+        kept = await _owned_log(a, "rep_a")
+        statements.clear()
+        claimed = await _owned_log(a, "rep_a")  # a new row, then an event that changes it
+        assert [s.split(" ")[0] for s in statements] == [
+            "BEGIN;", "INSERT", "INSERT", "INSERT", "COMMIT", "BEGIN;", "INSERT", "UPDATE", "COMMIT"
+        ]
+        await a.append(kept.id, [delta(1)], 1)
         statements.clear()
         await a.append(kept.id, [delta(2)], 2)
-        assert [s.split(" ")[0] for s in statements] == ["BEGIN;", "INSERT", "COMMIT"]
-        assert "FOR SHARE" in statements[0]
+        assert statements == [one]
         statements.clear()
         await a.append(kept.id, [delta(seq) for seq in range(3, 43)], 3)
+        assert statements == [one]
+        statements.clear()
+        end = 43 + _ONE_STATEMENT_MAX_ROWS + 1
+        await a.append(kept.id, [delta(seq) for seq in range(43, end)], 43)  # COPY's, many rows
         assert [s.split(" ")[0] for s in statements] == ["BEGIN;", "COPY", "COMMIT"]
 
         assert await b.claim(claimed.id, "rep_a", "rep_b") == 1
         statements.clear()
         with pytest.raises(Fenced):
             await a.append(claimed.id, [delta(1, "late")], 1)
-        assert statements[1] == _OWN_FENCE  # the BEGIN's check failed: read as before
-        await a.append(kept.id, [delta(43)], 43)
-        assert [e.seq for e in await b.load(kept.id)] == list(range(44))
+        assert statements[:3] == [one, statements[1], _OWN_FENCE]
+        assert statements[1].startswith("BEGIN;")  # its check failed: the row is read as before
+        await a.append(kept.id, [delta(end)], end)
+        assert [e.seq for e in await b.load(kept.id)] == list(range(end + 1))
         assert [e.seq for e in await b.load(claimed.id)] == [0]
     finally:
         event.remove(a._writer.sync_engine, "connect", log_queries)
