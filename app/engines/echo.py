@@ -128,8 +128,9 @@ class _Tokens:
         self._error = error
         self._times = times
         self._before_last = before_last
-        #: Tokens before this one are plain: neither a stop token nor past ``max_tokens``, and
-        #: the last token is not one of them (only an abort ends the stream there).
+        #: Where the stream ends at the latest: its first stop token, ``max_tokens``, or its
+        #: end. A token before it is sent as a plain chunk, and while another token before it
+        #: follows, only an abort can end the stream there (``StepStream._step``'s fast path).
         self.plain = len(token_ids)
         if self._limit is not None:
             self.plain = min(self.plain, self._limit)
