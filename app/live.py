@@ -360,11 +360,10 @@ class LogWriter:
         if events[0].type not in _OPENING:
             self._output = True
         stored, frames = self._events, self._frames
-        for event in events:  # (``stored_event``, inlined: once a token)
-            obj, text = payload_and_json(event)
-            seq, type_ = event.sequence_number, event.type
-            stored.append(StoredEvent(seq, type_, obj, text))
-            frames.append(sse_frame(type_, seq, text))
+        for event in events:
+            record = stored_event(event)
+            stored.append(record)
+            frames.append(sse_frame(record.type, record.seq, record.payload_json))  # set by stored_event
         self._shared.total += len(events)
 
     def _flush(self) -> None:

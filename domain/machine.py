@@ -155,11 +155,9 @@ def _append(state: LogState, item: OpenItem, delta: str, next_seq: int) -> LogSt
     """The state after a delta of ``delta`` to the open ``item``, with ``next_seq`` next.
 
     The per-token path: the new tuples are made with ``tuple.__new__`` (a NamedTuple's own
-    constructor adds a Python call per tuple), and only the last part's fingerprint changes
-    (as ``fingerprint`` computes it)."""
+    constructor adds a Python call per tuple), and only the last part's fingerprint changes."""
     parts = item.parts
-    last = parts[-1]  # (``fingerprint``, inlined: once a token)
-    mark = (last[0] + len(delta), zlib.crc32(delta.encode("utf-8", "surrogatepass"), last[1]))
+    mark = fingerprint(delta, parts[-1])
     parts = (mark,) if len(parts) == 1 else (*parts[:-1], mark)
     new_item = _new(OpenItem, (item[0], item[1], item[2], item[3], parts, item[5], item[6]))
     return _new(LogState, (next_seq, state[1], state[2], new_item, state[4]))  # type: ignore[no-any-return]

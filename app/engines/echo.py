@@ -80,10 +80,8 @@ class StepClock:
 
     def call_at_step(self, call: Callable[[], None]) -> None:
         """Call ``call`` at the next step (scheduled as ``step`` does)."""
-        calls = self._calls
-        if not calls and not self._waiters:  # (``_schedule``, inlined: once a stream a step)
-            asyncio.get_running_loop().call_later(self._interval, self._tick)
-        calls.append(call)
+        self._schedule()
+        self._calls.append(call)
 
     def _tick(self) -> None:
         waiters, self._waiters = self._waiters, []
@@ -101,16 +99,7 @@ class _Tokens:
     (when given) gets the ``monotonic_ns`` of each token sent; ``before_last`` runs just before
     the chunk that carries the finish reason is sent."""
 
-    __slots__ = (
-        "_aborted",
-        "_before_last",
-        "_error",
-        "_limit",
-        "_stops",
-        "_times",
-        "_tokens",
-        "plain",
-    )
+    __slots__ = ("_aborted", "_before_last", "_error", "_limit", "_stops", "_times", "_tokens")
 
     def __init__(
         self,
@@ -128,16 +117,6 @@ class _Tokens:
         self._error = error
         self._times = times
         self._before_last = before_last
-        #: Where the stream ends at the latest: its first stop token, ``max_tokens``, or its
-        #: end. A token before it is sent as a plain chunk, and while another token before it
-        #: follows, only an abort can end the stream there (``StepStream._step``'s fast path).
-        self.plain = len(token_ids)
-        if self._limit is not None:
-            self.plain = min(self.plain, self._limit)
-        for i, token in enumerate(token_ids[: self.plain]):
-            if token in self._stops:
-                self.plain = i
-                break
 
     def ending(self, sent: int) -> EngineChunk | None:
         """The last chunk, if the stream ends before its token ``sent`` (no step is waited
@@ -253,30 +232,11 @@ class StepStream(Pushable):
             on_close()
 
     def _step(self) -> None:
-        sink = self._sink
-        if sink is None:  # closed while it waited for the step
+        if self._sink is None:  # closed while it waited for the step
             return
         sent = self._sent
         self._sent = sent + 1
         script = self._script
-        if sent + 1 < script.plain and not script._aborted.is_set():
-            # The per-token path: a plain token, and another one after it (what ``token`` and
-            # ``ending`` would find, in one test; the engine's own cost is not the server's)
-            times = script._times
-            if times is not None:
-                times.append(time.monotonic_ns())
-            try:
-                wait = sink(EngineChunk((script._tokens[sent],)))
-            except BaseException as exc:  # as ``_send``: the consumer's to see
-                self._fail(exc)
-                return
-            if self._sink is None:
-                return
-            if wait is None:
-                self._clock.call_at_step(self._step)
-            else:
-                asyncio.ensure_future(wait).add_done_callback(self._resume)
-            return
         try:  # (``before_last`` writes a file): this stream's failure, not the step's
             chunk = script.token(sent)
             wait = self._send(chunk)
