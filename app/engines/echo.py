@@ -197,19 +197,8 @@ class StepStream(Pushable):
     an engine's step loop hands every running request its output. Read with ``async for``, it
     is ``stream_tokens`` with the clock."""
 
-    def __init__(
-        self,
-        token_ids: Sequence[int],
-        sampling: Sampling,
-        *,
-        aborted: asyncio.Event,
-        clock: StepClock,
-        error: str | None,
-        times: array[int] | None,
-        before_last: Callable[[], None] | None,
-        on_close: Callable[[], None],
-    ) -> None:
-        self._script = _Tokens(token_ids, sampling, aborted, error, times, before_last)
+    def __init__(self, script: _Tokens, clock: StepClock, on_close: Callable[[], None]) -> None:
+        self._script = script
         self._clock = clock
         self._on_close: Callable[[], None] | None = on_close
         self._sent = 0
@@ -365,7 +354,7 @@ class EchoEngine:
     def generate(
         self, prompt_token_ids: Sequence[int], sampling: Sampling, request_id: str
     ) -> AsyncIterator[EngineChunk]:
-        # Not itself a generator: it hands back stream_tokens' iterator (or a paced stream's
+        # Not itself a generator: it hands back the tokens' reader (or a paced stream's
         # StepStream), so a token crosses one async generator, not two; and a continuation it
         # cannot serve raises here, before the service has begun to read a stream.
         tokens: Sequence[int]
@@ -388,23 +377,7 @@ class EchoEngine:
         def on_close() -> None:
             self._aborted.pop(request_id, None)
 
+        script = _Tokens(tokens, sampling, aborted, error, times, write_times)
         if clock is not None:  # paced: its steps push the tokens (``PushedChunks``)
-            return StepStream(
-                tokens,
-                sampling,
-                aborted=aborted,
-                clock=clock,
-                error=error,
-                times=times,
-                before_last=write_times,
-                on_close=on_close,
-            )
-        return stream_tokens(
-            tokens,
-            sampling,
-            aborted=aborted,
-            error=error,
-            times=times,
-            before_last=write_times,
-            on_close=on_close,
-        )
+            return StepStream(script, clock, on_close)
+        return _read(script, None, on_close)
