@@ -526,27 +526,24 @@ class VllmEngine:
 
         llm = self._llm
         if llm is None or not self.healthy():
-            yield EngineChunk((), finish_reason="error", error=self._dead or "engine stopped")
+            yield self._unavailable()
             return
         params = self._sampling_params(sampling, max_tokens)
         outputs = llm.generate(TokensPrompt(prompt_token_ids=prompt), params, request_id)
         finished = False
-        top_k = sampling.logprobs
         try:
             async for output in outputs:
-                chunk = self._chunk(output)
-                if top_k is not None:
-                    chunk = _with_logprobs(chunk, output.outputs[0].logprobs, top_k)
+                chunk = self._chunk(output, sampling.logprobs)
                 finished = chunk.finish_reason is not None
                 yield chunk
                 if finished:
                     return
             # vLLM's stream ended without a finished output: only a shutdown does that.
             finished = True
-            yield EngineChunk((), finish_reason="error", error="the vLLM engine stopped")
+            yield _STOPPED
         except VLLMClientError as exc:
             finished = True  # vLLM rejected the request before it started
-            raise EngineError(f"vLLM rejected the request: {exc}") from exc
+            raise _rejected(exc) from exc
         except Exception as exc:  # the engine died, or this request failed (EngineGenerateError)
             finished = True
             yield self._error_chunk(request_id, exc)
@@ -570,7 +567,19 @@ class VllmEngine:
         cause = exc.__cause__ or exc
         return EngineChunk((), finish_reason="error", error=f"{type(cause).__name__}: {cause}")
 
-    def _chunk(self, output: RequestOutput) -> EngineChunk:
+    def _unavailable(self) -> EngineChunk:
+        """The last chunk of a request made while the engine is stopped or dead."""
+        return EngineChunk((), finish_reason="error", error=self._dead or "engine stopped")
+
+    def _chunk(self, output: RequestOutput, top_k: int | None) -> EngineChunk:
+        """The chunk of vLLM's ``output``; with ``top_k``, its tokens' log probabilities too (as
+        ``Sampling.logprobs`` asked)."""
+        chunk = self._plain_chunk(output)
+        if top_k is not None:
+            chunk = _with_logprobs(chunk, output.outputs[0].logprobs, top_k)
+        return chunk
+
+    def _plain_chunk(self, output: RequestOutput) -> EngineChunk:
         completion = output.outputs[0]
         cached = output.num_cached_tokens
         if not output.finished:
@@ -621,7 +630,7 @@ class _Pushed(Pushable):
 
     def stopped(self) -> None:
         """The engine stopped: the request ends with an error."""
-        self._send(EngineChunk((), finish_reason="error", error="the vLLM engine stopped"))
+        self._send(_STOPPED)
 
     async def _add(self) -> None:
         from vllm.exceptions import VLLMClientError
@@ -631,13 +640,13 @@ class _Pushed(Pushable):
         prompt, sampling, max_tokens, request_id = self._args
         llm = engine._llm
         if llm is None or not engine.healthy():
-            self._send(EngineChunk((), finish_reason="error", error=engine._dead or "engine stopped"))
+            self._send(engine._unavailable())
             return
         try:
             params = engine._sampling_params(sampling, max_tokens)
             queue = await llm.add_request(request_id, TokensPrompt(prompt_token_ids=prompt), params)
         except VLLMClientError as exc:  # vLLM rejected the request before it started
-            self._fail(EngineError(f"vLLM rejected the request: {exc}"))
+            self._fail(_rejected(exc))
             return
         except Exception as exc:
             self._send(engine._error_chunk(request_id, exc))
@@ -676,10 +685,7 @@ class _Pushed(Pushable):
             self._send(engine._error_chunk(request_id, output))
             return
         try:
-            chunk = engine._chunk(output)
-            top_k = self._args[1].logprobs
-            if top_k is not None:
-                chunk = _with_logprobs(chunk, output.outputs[0].logprobs, top_k)
+            chunk = engine._chunk(output, self._args[1].logprobs)
         except Exception as exc:  # (EngineError: logprobs vLLM did not give)
             self._fail(exc)
             return
@@ -712,6 +718,15 @@ class _Pushed(Pushable):
             task = asyncio.ensure_future(engine._llm.abort(self._args[3]))
             engine._aborts.add(task)  # (held until done: the loop keeps only weak references)
             task.add_done_callback(engine._aborts.discard)
+
+
+#: The last chunk of a request whose engine stopped under it (``VllmEngine.stop``).
+_STOPPED = EngineChunk((), finish_reason="error", error="the vLLM engine stopped")
+
+
+def _rejected(exc: Exception) -> EngineError:
+    """What a request vLLM refused before it started (its ``VLLMClientError``) raises."""
+    return EngineError(f"vLLM rejected the request: {exc}")
 
 
 def _with_logprobs(chunk: EngineChunk, logprobs: Any, k: int) -> EngineChunk:
