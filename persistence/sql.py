@@ -801,7 +801,7 @@ class SqlStore:
         earned: dict[str, int] = {}
         try:
             if previous is None and not unknown:
-                alone = await self._append_alone(raw, batch, tails)
+                alone = await self._one_statement(raw, batch, tails)
                 if alone is not None:
                     return alone
             own_fence = await self._begin(raw)
@@ -841,44 +841,56 @@ class SqlStore:
         self._fenced_at.update(earned)  # committed: the new logs exist, the checks stand
         return plan
 
-    async def _append_alone(
+    async def _one_statement(
         self, raw: Any, batch: list[_Write], tails: dict[str, _Tail | None]
     ) -> _Plan | None:
-        """A stream's steady state in one round trip instead of three or four (BEGIN with the
-        lock; the rows, one ``executemany`` or ``COPY``'s two; COMMIT), each of which waits for
-        a busy event loop to come round: when the batch only appends events to logs this
-        replica last checked at its row's ``fence`` value (``_fence``'s shortcut for all of
-        them), and no more than ``_ONE_STATEMENT_MAX_ROWS``, one statement, a transaction of its
-        own, share-locks the row if ``fence`` still holds that value and inserts every event
-        only then. Returns the plan it committed; None when the batch is not such a batch, or
-        the fence moved (nothing was written: the full transaction follows and finds out why)."""
+        """A commit in one round trip instead of the full transaction's four to a dozen (BEGIN
+        with the lock; each table's rows, one ``executemany`` or ``COPY``'s two; the UPDATE;
+        COMMIT), each of which waits for a busy event loop to come round: when every log the
+        batch appends to is one this replica last checked at its row's ``fence`` value
+        (``_fence``'s shortcut for all of them) or one it creates in the batch, and the batch
+        holds no more than ``_ONE_STATEMENT_MAX_ROWS`` rows, one statement, a transaction of its
+        own, share-locks the row if ``fence`` still holds that value and only then writes every
+        row (``_Statements.fenced``). Returns the plan it committed; None when the batch is not
+        such a batch, or the fence moved (nothing was written: the full transaction follows
+        and finds out why)."""
         seen, replica = self._own_fence, self._replica
         if seen is None or replica is None or self._own_lock is None:
             return None
+        me = replica[0].id
         known = self._fenced_at
+        created: set[str] = set()
         rows = 0
         for write in batch:
-            if type(write) is not _Append or write.update is not None or write.index is not None:
-                return None
-            if known.get(write.response_id) != seen:
-                return None
-            rows += len(write.rows)
+            kind = type(write)
+            if kind is _Append:
+                if known.get(write.response_id) != seen and write.response_id not in created:
+                    return None
+                rows += len(write.rows)
+            elif kind is _Create:
+                if write.owner != me:  # (a store's creates are its own; the long way says why not)
+                    return None
+                created.add(write.response_id)
+                rows += 1 + len(write.items)  # type: ignore[union-attr]
+            else:
+                rows += len(write.rows)  # type: ignore[union-attr]
         if rows > _ONE_STATEMENT_MAX_ROWS:
             return None
         planned = dict(tails)  # (the plan advances them; kept only if the statement commits)
-        # no epochs to check: every log's was this store's when the row held ``seen`` (as in
-        # ``_fence``'s shortcut), and the statement writes only while it still does
+        # no epochs to check: every appended log's was this store's when the row held ``seen``
+        # (as in ``_fence``'s shortcut) or is new, and the statement writes only while it holds
         plan = self._plan(batch, planned)
         if not plan.statements:  # every write refused: the full path says so
             return None
-        values = plan.statements[0][1]
+        sql, columns = self._sql.fenced(plan.statements)
         self._last_plan = plan  # (a retry after a lost answer looks for it in the log)
-        columns = map(list, zip(*values, strict=True))  # (one array a column)
-        status = await raw.execute(_APPEND_FENCED, replica[0].id, seen, *columns)
-        if status != f"INSERT 0 {len(values)}":
+        if not await raw.fetchval(sql, me, seen, *columns):
             self._last_plan = None
             return None
         tails.update(planned)
+        for write, outcome in zip(batch, plan.outcomes, strict=True):
+            if outcome is None and type(write) is _Create:
+                known[write.response_id] = seen  # a new log: nobody can have claimed it yet
         self.one_trip_commits += 1
         return plan
 
@@ -1468,6 +1480,14 @@ class _Statements:
         )
         where = f"${len(columns) + 1}" if postgres else "?"
         self.update_response = _Statement(f"UPDATE responses SET {sets} WHERE id = {where}")
+        # The one-statement commit's insert of a new row: its first lifecycle change folded in
+        # (a statement's parts cannot see each other's rows, so none can update a row it inserts).
+        self.insert_changed_response = _Statement(
+            "", "responses", (*self.insert_response.columns, *columns[1:])
+        )
+        self._status = self.insert_response.columns.index("status")
+        assert columns[0] == "status"  # (a change's status replaces the new row's)
+        self._fenced: dict[tuple[_Statement, ...], str] = {}
         # A new row's ``fence`` starts at a random value, never at one its replica may have seen
         # before the row went (a drain removes it) and came back.
         self.upsert_replica = (
@@ -1475,6 +1495,38 @@ class _Statements:
             f" VALUES ({self._marks(7)}) ON CONFLICT (id) DO UPDATE SET"
             " heartbeat_at = excluded.heartbeat_at, expires_at = excluded.expires_at"
         )
+
+    def fenced(
+        self, statements: list[tuple[_Statement, list[tuple[Any, ...]]]]
+    ) -> tuple[str, list[list[Any]]]:
+        """A plan's statements as one (PostgreSQL, ``SqlStore._one_statement``), and its
+        parameters after the replica's id and ``fence`` value: every row is written only while
+        that row holds that value, share-locked until the statement's own transaction commits.
+        Each table's rows are one array a column (``unnest``); a new row changed in the same
+        batch is inserted changed. The statement returns 1 when it wrote, 0 when the fence moved."""
+        parts = dict(statements)
+        created = parts.pop(self.insert_response, None)
+        changes = parts.pop(self.update_response, None)
+        if created is not None:
+            changed = {change[-1]: change for change in changes} if changes else {}
+            status, later = self._status, (None,) * (len(self.insert_changed_response.columns) - len(created[0]))
+            rows = []
+            for row in created:
+                change = changed.pop(row[0], None)
+                if change is None:
+                    rows.append((*row, *later))
+                else:
+                    rows.append((*row[:status], change[0], *row[status + 1 :], *change[1:-1]))
+            parts = {self.insert_changed_response: rows, **parts}
+            changes = list(changed.values())
+        if changes:
+            parts[self.update_response] = changes
+        key = tuple(parts)
+        sql = self._fenced.get(key)
+        if sql is None:
+            sql = self._fenced[key] = _fenced_sql(key, self.update_response)
+        columns = [list(column) for rows in parts.values() for column in zip(*rows, strict=True)]
+        return sql, columns
 
     def _marks(self, count: int) -> str:
         return ", ".join(f"${i}" if self._postgres else "?" for i in range(1, count + 1))
@@ -1626,17 +1678,41 @@ _TAIL_READ = text(
 _FENCE = "SELECT id, epoch, owner FROM responses WHERE id = ANY($1::text[]) FOR SHARE"
 # Its shortcut: this replica's own row, share-locked (see ``SqlStore._fence``).
 _OWN_FENCE = "SELECT fence FROM replicas WHERE id = $1 FOR SHARE"
-# A commit of appends alone, in one statement (``SqlStore._append_alone``): the events of the
-# batch, one array a column, inserted only while the replica's row holds the fence value given
-# (share-locked, as ``_OWN_FENCE`` locks it, until the statement's own transaction commits).
-_APPEND_FENCED = (
-    "WITH own AS (SELECT 1 FROM replicas WHERE id = $1 AND fence = $2 FOR SHARE)"
-    " INSERT INTO response_events (response_id, seq, type, payload, recorded_at, token_ids)"
-    " SELECT e.response_id, e.seq, e.type, e.payload::jsonb, e.recorded_at, e.token_ids"
-    " FROM unnest($3::text[], $4::int4[], $5::text[], $6::text[], $7::float8[], $8::bytea[])"
-    " AS e(response_id, seq, type, payload, recorded_at, token_ids)"
-    " WHERE EXISTS (SELECT 1 FROM own)"
-)
+#: Each written column's PostgreSQL type, for the one-statement commit's arrays.
+_PG_TYPES = {
+    table.name: {column.name: column.type.compile(dialect=postgresql.dialect()) for column in table.c}
+    for table in (responses, response_input_items, item_index, response_events, response_audit)
+}
+
+
+def _fenced_sql(parts: tuple[_Statement, ...], update_statement: _Statement) -> str:
+    """The text of ``_Statements.fenced``'s statement for these parts (``$1``: the replica's
+    id, ``$2``: the ``fence`` value its commits last read; then one array a column)."""
+    writes = ["own AS (SELECT 1 FROM replicas WHERE id = $1 AND fence = $2 FOR SHARE)"]
+    first = 3
+    for n, part in enumerate(parts):
+        if part is update_statement:
+            table, columns = "responses", (*(field.name for field in dataclasses.fields(RowUpdate)), "id")
+        else:
+            table, columns = part.table, part.columns
+        types = _PG_TYPES[table]
+        arrays = ", ".join(  # JSON goes as text, cast in the statement (as the driver sends it)
+            f"${first + i}::{'text' if types[c] == 'JSONB' else types[c].lower()}[]"
+            for i, c in enumerate(columns)
+        )
+        rows = f"unnest({arrays}) AS x({', '.join(columns)})"
+        first += len(columns)
+        if part is update_statement:
+            sets = ", ".join(f"{c} = x.{c}" for c in columns[:-1])
+            write = f"UPDATE responses AS r SET {sets} FROM {rows} WHERE r.id = x.id AND EXISTS (SELECT 1 FROM own)"
+        else:
+            values = ", ".join(f"x.{c}::jsonb" if types[c] == "JSONB" else f"x.{c}" for c in columns)
+            write = (
+                f"INSERT INTO {table} ({', '.join(columns)}) SELECT {values} FROM {rows}"
+                " WHERE EXISTS (SELECT 1 FROM own)"
+            )
+        writes.append(f"w{n} AS ({write})")
+    return f"WITH {', '.join(writes)} SELECT count(*) FROM own"
 
 
 def _bump_fence(owner: Any) -> Any:

@@ -15,8 +15,8 @@ from persistence.doorbell import PgDoorbell
 from persistence.errors import Fenced, NotFound
 from persistence.memory import MemoryStore
 from persistence.records import NewResponse, Replica
+from persistence.records import AuditRecord
 from persistence.sql import (
-    _APPEND_FENCED,
     _ONE_STATEMENT_MAX_ROWS,
     _OWN_FENCE,
     SqlStore,
@@ -116,7 +116,8 @@ async def test_a_leased_replica_fences_its_logs_by_its_own_row_and_still_loses_t
             for response in (claimed, kept, deleted, by_hand):
                 await a.append(response.id, [delta(seq)], seq)
         assert a.fence_row_checks == 0  # created here: each log's fence was its replica's row
-        assert a.one_trip_commits == 8  # and the deltas were each one statement
+        # and every commit but the first (which read the fence) was one statement, new rows too
+        assert a.one_trip_commits == 15
 
         assert await b.claim(claimed.id, "rep_a", "rep_b") == 1
         with pytest.raises(Fenced):
@@ -124,7 +125,7 @@ async def test_a_leased_replica_fences_its_logs_by_its_own_row_and_still_loses_t
         await a.append(kept.id, [delta(3)], 3)  # checked row by row once more, then not
         await a.append(kept.id, [delta(4)], 4)
         assert a.fence_row_checks == 2
-        assert a.one_trip_commits == 9  # not the refused one (its fence had moved), nor seq 3
+        assert a.one_trip_commits == 16  # not the refused one (its fence had moved), nor seq 3
 
         assert await b.delete(deleted.id)
         with pytest.raises(NotFound):
@@ -230,25 +231,37 @@ async def test_a_leases_first_heartbeat_rings_the_other_replicas_once(clean_post
         await listener.close()
 
 
+#: What asyncpg asks a new connection the first time a statement uses a type it has not met (a
+#: ``bytea[]`` parameter): not the store's statements.
+_INTROSPECTION = ("\n", "WITH RECURSIVE typeinfo_tree")
+
+
 @pytest.mark.postgres
-async def test_a_leased_replicas_commit_of_appends_is_one_statement_once_it_knows_its_fence(
+async def test_a_leased_replicas_commit_is_one_statement_once_it_knows_its_fence(
     clean_postgres_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A paced engine's commit (one delta a log), or any that only appends to the replica's own
-    logs, is one statement in one round trip: the replica row's share lock and every row
-    (``_APPEND_FENCED``). After a claim bumps the fence that statement writes nothing, and the
-    commit goes the long way: BEGIN with the lock, whose check fails too, the row read as before;
-    the log that was claimed is fenced out, the other one goes on. A commit that does more than
-    append (here: a new response), or appends more than ``_ONE_STATEMENT_MAX_ROWS`` rows, is
-    BEGIN, its statements (``COPY`` for many rows), COMMIT."""
+    """Once a replica has read its row's ``fence``, a commit of its own logs is one statement in
+    one round trip: the replica row's share lock and every row (``_Statements.fenced``), be it a
+    paced engine's deltas, a new response with its first events (the row inserted with the
+    change they make), or the terminal events with the row's change and audit records. After a
+    claim bumps the fence that statement writes nothing, and the commit goes the long way: BEGIN
+    with the lock, whose check fails too, the row read as before; the log that was claimed is
+    fenced out, the other one goes on. The first commit (the fence not yet read), and one of more
+    than ``_ONE_STATEMENT_MAX_ROWS`` rows, are BEGIN, their statements (``COPY`` for many rows),
+    COMMIT."""
     a = await _leased(clean_postgres_url, "rep_a")
     b = await _leased(clean_postgres_url, "rep_b")
     statements: list[str] = []
     await a._writer.dispose()  # its next connections log what they run
+    one = "WITH own AS"  # (as the logger below cuts it)
+
+    def log_query(logged: asyncpg.connection.LoggedQuery) -> None:
+        if not logged.query.startswith(_INTROSPECTION):
+            statements.append(logged.query.split(" (")[0])
 
     def log_queries(dbapi_connection: object, _record: object) -> None:
         raw = dbapi_connection._connection  # type: ignore[attr-defined]  # the asyncpg one
-        raw.add_query_logger(lambda logged: statements.append(logged.query.split(" (")[0]))
+        raw.add_query_logger(log_query)
 
     event.listen(a._writer.sync_engine, "connect", log_queries)
     copy = asyncpg.Connection.copy_records_to_table  # (not logged: its rows go another way)
@@ -260,13 +273,21 @@ async def test_a_leased_replicas_commit_of_appends_is_one_statement_once_it_know
 
     monkeypatch.setattr(asyncpg.Connection, "copy_records_to_table", logged_copy)
     try:
-        one = _APPEND_FENCED.split(" (")[0]  # (as the logger above cuts it)
-        kept = await _owned_log(a, "rep_a")
-        statements.clear()
-        claimed = await _owned_log(a, "rep_a")  # a new row, then an event that changes it
+        kept = await _owned_log(a, "rep_a")  # the fence is read: BEGIN, the row, ...
         assert [s.split(" ")[0] for s in statements] == [
-            "BEGIN;", "INSERT", "INSERT", "INSERT", "COMMIT", "BEGIN;", "INSERT", "UPDATE", "COMMIT"
+            "BEGIN", "SELECT", "INSERT", "INSERT", "INSERT", "COMMIT", "WITH"
         ]
+        statements.clear()
+        # a new response and its first event, which changes its row, in one commit
+        claimed = dataclasses.replace(new_response(), owner="rep_a")
+        first = a.submit_create(claimed)
+        await a.append(claimed.id, [created(claimed.id, status="queued")], 0)
+        await first
+        assert statements == [one]
+        row = await b.get(claimed.id)
+        assert row is not None and (row.status, row.owner, row.last_seq) == ("queued", "rep_a", 0)
+        items, more = await b.list_input_items(claimed.id, after=None, limit=100, order="asc")
+        assert len(items) == len(claimed.input_items) > 0 and not more
         await a.append(kept.id, [delta(1)], 1)
         statements.clear()
         await a.append(kept.id, [delta(2)], 2)
@@ -286,8 +307,20 @@ async def test_a_leased_replicas_commit_of_appends_is_one_statement_once_it_know
         assert statements[:3] == [one, statements[1], _OWN_FENCE]
         assert statements[1].startswith("BEGIN;")  # its check failed: the row is read as before
         await a.append(kept.id, [delta(end)], end)
-        assert [e.seq for e in await b.load(kept.id)] == list(range(end + 1))
+        statements.clear()
+        # its end: the terminal event, the row's change and the audit records, one statement
+        audit = a.submit_audit(kept.id, [AuditRecord("output_token_ids", (7, 8, 9))])
+        await a.append(kept.id, [completed(kept.id, end + 1)], end + 1)
+        await audit
+        assert statements == [one]
+        assert [e.seq for e in await b.load(kept.id)] == list(range(end + 2))
         assert [e.seq for e in await b.load(claimed.id)] == [0]
+        row = await b.get(kept.id)
+        assert row is not None
+        assert (row.status, row.completed_at, row.input_tokens, row.output_tokens) == (
+            "completed", 1_700_000_100, 10, 5
+        )
+        assert [(r.kind, r.token_ids) for r in await b.load_audit(kept.id)] == [("output_token_ids", (7, 8, 9))]
     finally:
         event.remove(a._writer.sync_engine, "connect", log_queries)
         await a.close()
