@@ -59,33 +59,49 @@ class StepClock:
     timer each cost more than the server's whole work per token, and a real engine (vLLM's step
     loop) also hands every running request its next token at once. A stream waits for a step
     with a future (``step``, for a consumer that reads it) or has a call made at it
-    (``call_at_step``, for one the engine pushes to: no future and no task switch a token)."""
+    (``call_at_step``, for one the engine pushes to: no future and no task switch a token).
+
+    The steps run on a fixed grid while any stream takes them, as a GPU's do: an engine (vLLM's
+    engine core, a process of its own) does not step later because its frontend's event loop
+    was busy. A step the loop comes to late is followed by the next one on time (or at once, if
+    that is due already); a step that no stream waited for stops the clock, and the next stream
+    that asks starts it again one step away."""
 
     def __init__(self, interval_s: float) -> None:
         self._interval = interval_s
         self._waiters: list[asyncio.Future[None]] = []
         self._calls: list[Callable[[], None]] = []
+        self._due: float | None = None  # the next step's time while the clock runs
 
     def _schedule(self) -> None:
-        if not self._waiters and not self._calls:  # (the first of this step's streams)
-            asyncio.get_running_loop().call_later(self._interval, self._tick)
+        if self._due is None:  # stopped: a stream's first step is one step away
+            loop = asyncio.get_running_loop()
+            self._due = loop.time() + self._interval
+            loop.call_at(self._due, self._tick)
 
     def step(self) -> asyncio.Future[None]:
-        """A future of the caller's own that resolves at the next step (scheduled one interval
-        from now if none is pending); cancelling it leaves the other streams' alone."""
+        """A future of the caller's own that resolves at the next step (the clock starts if it
+        is stopped); cancelling it leaves the other streams' alone."""
         self._schedule()
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
         return waiter
 
     def call_at_step(self, call: Callable[[], None]) -> None:
-        """Call ``call`` at the next step (scheduled as ``step`` does)."""
+        """Call ``call`` at the next step (the clock starts if it is stopped)."""
         self._schedule()
         self._calls.append(call)
 
     def _tick(self) -> None:
         waiters, self._waiters = self._waiters, []
         calls, self._calls = self._calls, []
+        if not waiters and not calls:
+            self._due = None
+            return
+        loop = asyncio.get_running_loop()
+        assert self._due is not None
+        self._due = max(self._due + self._interval, loop.time())
+        loop.call_at(self._due, self._tick)
         for waiter in waiters:
             if not waiter.done():
                 waiter.set_result(None)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import pytest
@@ -111,6 +112,39 @@ async def test_paced_streams_share_steps_and_one_cancelled_stream_stops_no_other
         await doomed
     # 21 streams advanced together: a handful of steps, not one timer per stream per token
     assert 5 <= clock.steps <= 8, clock.steps
+
+
+async def test_paced_steps_keep_their_grid_when_the_event_loop_comes_late() -> None:
+    """An engine's steps do not wait for its frontend: a step the event loop came to late, or
+    whose streams kept it busy, is followed by the next one on the grid, not one interval after
+    the late one. A step no stream waited for stops the clock; the next stream to ask starts it
+    again one interval away."""
+    from app.engines.echo import StepClock
+
+    loop = asyncio.get_running_loop()
+    clock = StepClock(0.1)
+    at: list[float] = []
+
+    def step() -> None:
+        at.append(loop.time())
+        if len(at) == 1:
+            time.sleep(0.06)  # the step's work keeps the loop for most of an interval
+            loop.call_later(0.01, time.sleep, 0.09)  # and then the loop is busy when step 2 is due
+        if len(at) < 4:
+            clock.call_at_step(step)
+
+    asked = loop.time()
+    clock.call_at_step(step)
+    await asyncio.sleep(0.6)
+    assert len(at) == 4
+    assert at[0] - asked >= 0.099
+    assert at[1] - at[0] >= 0.14  # came late: the loop was busy when it was due
+    assert 0.18 <= at[2] - at[0] <= 0.26  # back on the grid (a clock that waits an interval after
+    assert 0.28 <= at[3] - at[0] <= 0.36  # each step's first stream: 0.3 and 0.4 after the first)
+    again = loop.time()  # the clock stopped after a step nobody waited for
+    clock.call_at_step(lambda: at.append(loop.time()))
+    await asyncio.sleep(0.2)
+    assert len(at) == 5 and at[4] - again >= 0.099
 
 
 async def test_the_scripted_engine_keeps_only_the_latest_prompts() -> None:
