@@ -279,8 +279,8 @@ class Metrics:
         )
         yield _counter(
             "ledger_one_trip_commits",
-            "PostgreSQL commits made in one statement, one round trip: a batch that only "
-            "appends events to this replica's own logs (a stream's steady state).",
+            "PostgreSQL commits made in one statement, one round trip: a batch of up to 1,024 "
+            "rows of this replica's own logs (a stream's steps, new responses, their ends).",
             getattr(store, "one_trip_commits", 0),
         )
         yield _gauge(

@@ -8,9 +8,10 @@ passed through verbatim). On SQLite the whole transaction runs as one function o
 thread of :mod:`persistence.sqlite_writer` (plain ``sqlite3``); on PostgreSQL it runs on the
 asyncpg connection under a pooled SQLAlchemy connection, with the inserts as binary ``COPY``
 (a 500-event commit 5.6 -> 3.4 ms, 9.5 -> 5.5 us of PostgreSQL CPU per row against
-``executemany``; SQLAlchemy added ~0.3 ms per statement on top), except a stream's steady
-state: a commit that only appends to this replica's own logs, up to ``_ONE_STATEMENT_MAX_ROWS``
-events, is one statement, its own transaction, in one round trip (``SqlStore._append_alone``).
+``executemany``; SQLAlchemy added ~0.3 ms per statement on top), except a commit of this
+replica's own logs (a stream's steps, new responses, their ends) of up to
+``_ONE_STATEMENT_MAX_ROWS`` rows: one statement, its own transaction, in one round trip
+(``SqlStore._one_statement``).
 Reads use SQLAlchemy on both.
 
 Validation happens before the batch writes anything. The store remembers the tail of every log
@@ -135,11 +136,11 @@ _CONSTRAINT = (IntegrityError, sqlite3.IntegrityError, asyncpg.IntegrityConstrai
 #: cheapest per row), fewer with one ``executemany`` (one round trip; a new response's row, its
 #: input items, audit records and item index entries are a few rows each).
 _COPY_MIN_ROWS = 32
-#: PostgreSQL: a commit that only appends (``SqlStore._append_alone``) is one statement up to
-#: this many rows. Measured (bench/RESULTS.md, twelfth session): paced, 256 streams, a commit
-#: holds ~256 rows and one round trip instead of four raised tokens/s ~5%; unpaced, a commit
-#: holds ~3,300 rows (16 streams, the median) and the statement's ``unnest`` cost the database
-#: ~1 µs a row more than ``COPY``, which lowered tokens/s by 5-15%.
+#: PostgreSQL: a commit of this replica's own logs (``SqlStore._one_statement``) is one
+#: statement up to this many rows. Measured (bench/RESULTS.md, twelfth session): paced, 256
+#: streams, a commit holds ~256 rows and one round trip instead of four raised tokens/s ~5%;
+#: unpaced, a commit holds ~3,300 rows (16 streams, the median) and the statement's ``unnest``
+#: cost the database ~1 µs a row more than ``COPY``, which lowered tokens/s by 5-15%.
 _ONE_STATEMENT_MAX_ROWS = 1024
 #: A replica id that may go into SQL text as it is (``SqlStore._begin``).
 _PLAIN_ID = re.compile(r"[A-Za-z0-9_]{1,64}")
@@ -393,7 +394,7 @@ class SqlStore:
         self._own_lock: str | None = None
         #: Logs whose epoch a commit checked row by row (the fence's slow path), since opening.
         self.fence_row_checks = 0
-        #: Commits that were one statement (``_append_alone``), since opening.
+        #: Commits that were one statement (``_one_statement``), since opening.
         self.one_trip_commits = 0
         # Whether this lease's first heartbeat rang ``REPLICAS`` (see ``probe``).
         self._announced = False
