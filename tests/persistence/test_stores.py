@@ -14,8 +14,7 @@ from sqlalchemy import event, text
 from persistence.doorbell import PgDoorbell
 from persistence.errors import Fenced, NotFound
 from persistence.memory import MemoryStore
-from persistence.records import NewResponse, Replica
-from persistence.records import AuditRecord
+from persistence.records import AuditRecord, NewResponse, Replica
 from persistence.sql import (
     _ONE_STATEMENT_MAX_ROWS,
     _OWN_FENCE,
