@@ -50,6 +50,7 @@ from app.repair import STORE_UNAVAILABLE, Repairs, store_unavailable_error
 from app.settings import Settings
 from app.tails import TailReads
 from app.takeover import TAKEOVER_FAILED, GenerationSpec, Resumed, Takeovers
+from app.turns import TurnGate
 from app.wire import CreateResponse, list_page
 from domain.builder import ResponseBuilder, TerminalStatus, Usage
 from domain.decoder import DecodeResult, HarmonyDecoder
@@ -162,6 +163,8 @@ class ResponseService:
         )
         #: Streams following a log written elsewhere now (``_follow``).
         self.followers = 0
+        #: New responses are set up one a turn of the event loop (``app.turns``).
+        self.turns = TurnGate()
         self.metrics = metrics if metrics is not None else Metrics(enabled=False)
         self._timing = self.metrics.stream if self.metrics.enabled else None
         self.metrics.attach(self)
@@ -216,6 +219,7 @@ class ResponseService:
         """``project``: whose response it is (and the only project its ``previous_response_id``
         chain may come from); ``api_key_id``: the key that asked for it."""
         started = time.monotonic()
+        await self.turns.turn()  # a burst of requests waits its turns, not the running streams
         self.check_accepting()
         model = self.resolve_model(request.model)
         if request.background and not request.store:
