@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 
 from app.turns import TurnGate
 
@@ -30,7 +31,7 @@ async def test_a_burst_goes_through_one_a_turn_and_the_loops_other_callbacks_run
     await asyncio.gather(*(caller(name) for name in names))
     assert [name for name, _ in went] == names  # in the order they came
     turns = [at for _, at in went]
-    assert all(b > a for a, b in zip(turns, turns[1:], strict=False)), turns  # one a turn
+    assert all(b > a for a, b in itertools.pairwise(turns)), turns  # one a turn
 
     # a waiter cancelled before its turn gives it to the next one; an idle gate lets one through at once
     went.clear()
