@@ -863,18 +863,16 @@ class SqlStore:
         created: set[str] = set()
         rows = 0
         for write in batch:
-            kind = type(write)
-            if kind is _Append:
-                if known.get(write.response_id) != seen and write.response_id not in created:
-                    return None
-                rows += len(write.rows)
-            elif kind is _Create:
+            if isinstance(write, _Create):
                 if write.owner != me:  # (a store's creates are its own; the long way says why not)
                     return None
                 created.add(write.response_id)
-                rows += 1 + len(write.items)  # type: ignore[union-attr]
-            else:
-                rows += len(write.rows)  # type: ignore[union-attr]
+                rows += 1 + len(write.items)
+                continue
+            rid = write.response_id  # an audit record's log is not fenced (as in ``_fence``)
+            if type(write) is _Append and known.get(rid) != seen and rid not in created:
+                return None
+            rows += len(write.rows)
         if rows > _ONE_STATEMENT_MAX_ROWS:
             return None
         planned = dict(tails)  # (the plan advances them; kept only if the statement commits)
@@ -1681,7 +1679,10 @@ _FENCE = "SELECT id, epoch, owner FROM responses WHERE id = ANY($1::text[]) FOR 
 _OWN_FENCE = "SELECT fence FROM replicas WHERE id = $1 FOR SHARE"
 #: Each written column's PostgreSQL type, for the one-statement commit's arrays.
 _PG_TYPES = {
-    table.name: {column.name: column.type.compile(dialect=postgresql.dialect()) for column in table.c}
+    table.name: {
+        column.name: column.type.compile(dialect=postgresql.dialect())  # type: ignore[no-untyped-call]
+        for column in table.c
+    }
     for table in (responses, response_input_items, item_index, response_events, response_audit)
 }
 
