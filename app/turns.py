@@ -26,10 +26,13 @@ class TurnGate:
     def __init__(self) -> None:
         self._waiting: deque[asyncio.Future[None]] = deque()
         self._taken = False  # this turn's caller has gone
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     async def turn(self) -> None:
         """Return in a turn of the event loop no other caller has had."""
         loop = asyncio.get_running_loop()
+        if loop is not self._loop:  # (a new loop: a closed one's turns were never given)
+            self._loop, self._taken, self._waiting = loop, False, deque()
         if not self._taken and not self._waiting:
             self._taken = True
             loop.call_soon(self._next)

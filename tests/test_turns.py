@@ -47,3 +47,20 @@ async def test_a_burst_goes_through_one_a_turn_and_the_loops_other_callbacks_run
     await gate.turn()
     ticking = False
     assert turn == before  # no wait: nobody else had this turn
+
+
+def test_a_gate_used_again_on_a_new_event_loop_lets_its_first_caller_through() -> None:
+    """A server's service outlives an event loop in tests (one per client session): a turn
+    taken on a loop that closed before its next turn must not hold the gate shut."""
+    gate = TurnGate()
+    first = asyncio.new_event_loop()
+
+    async def take_and_stop() -> None:
+        await gate.turn()
+        asyncio.get_running_loop().stop()  # it stops before the turn that would reopen the gate
+
+    task = first.create_task(take_and_stop())
+    first.run_forever()
+    assert task.done()
+    first.close()
+    asyncio.run(asyncio.wait_for(gate.turn(), 1.0))
