@@ -1479,6 +1479,7 @@ class _Statements:
         )
         where = f"${len(columns) + 1}" if postgres else "?"
         self.update_response = _Statement(f"UPDATE responses SET {sets} WHERE id = {where}")
+        self._update_columns = (*columns, "id")  # (its parameters' order)
         # The one-statement commit's insert of a new row: its first lifecycle change folded in
         # (a statement's parts cannot see each other's rows, so none can update a row it inserts).
         self.insert_changed_response = _Statement(
@@ -1523,7 +1524,7 @@ class _Statements:
         key = tuple(parts)
         sql = self._fenced.get(key)
         if sql is None:
-            sql = self._fenced[key] = _fenced_sql(key, self.update_response)
+            sql = self._fenced[key] = _fenced_sql(key, self.update_response, self._update_columns)
         columns = [list(column) for rows in parts.values() for column in zip(*rows, strict=True)]
         return sql, columns
 
@@ -1687,14 +1688,16 @@ _PG_TYPES = {
 }
 
 
-def _fenced_sql(parts: tuple[_Statement, ...], update_statement: _Statement) -> str:
+def _fenced_sql(
+    parts: tuple[_Statement, ...], update_statement: _Statement, update_columns: tuple[str, ...]
+) -> str:
     """The text of ``_Statements.fenced``'s statement for these parts (``$1``: the replica's
     id, ``$2``: the ``fence`` value its commits last read; then one array a column)."""
     writes = ["own AS (SELECT 1 FROM replicas WHERE id = $1 AND fence = $2 FOR SHARE)"]
     first = 3
     for n, part in enumerate(parts):
         if part is update_statement:
-            table, columns = "responses", (*(field.name for field in dataclasses.fields(RowUpdate)), "id")
+            table, columns = "responses", update_columns
         else:
             table, columns = part.table, part.columns
         types = _PG_TYPES[table]
