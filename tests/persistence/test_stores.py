@@ -19,11 +19,12 @@ from persistence.sql import (
     _ONE_STATEMENT_MAX_ROWS,
     _OWN_FENCE,
     SqlStore,
+    _column_value,
     open_store,
 )
 from persistence.store import REPLICAS_CHANNEL, EventStore
 from tests.persistence.contract import EventStoreContract
-from tests.persistence.factories import completed, created, delta, new_response
+from tests.persistence.factories import completed, created, delta, new_response, user_message
 from tests.support.waiting import eventually
 
 
@@ -322,5 +323,62 @@ async def test_a_leased_replicas_commit_is_one_statement_once_it_knows_its_fence
         assert [(r.kind, r.token_ids) for r in await b.load_audit(kept.id)] == [("output_token_ids", (7, 8, 9))]
     finally:
         event.remove(a._writer.sync_engine, "connect", log_queries)
+        await a.close()
+        await b.close()
+
+
+def test_a_one_statement_commit_sends_a_column_as_one_text_where_its_values_allow() -> None:
+    """Texts joined by the separator, numbers by commas in their exact ``repr``, byte strings in
+    hex (``-``: NULL); an array where a value is NULL, holds the separator or is a lone empty
+    text (which would split into no values at all), and for every other type."""
+    assert _column_value("TEXT", ("a", "b")) == ("text", "a\x1fb")
+    assert _column_value("JSONB", ('{"a": "\\u001f"}', "[]")) == ("text", '{"a": "\\u001f"}\x1f[]')
+    assert _column_value("TEXT", ("", "")) == ("text", "\x1f")
+    assert _column_value("TEXT", ("a\x1f", "b")) == ("array", ["a\x1f", "b"])
+    assert _column_value("TEXT", ("",)) == ("array", [""])
+    assert _column_value("TEXT", ("a", None)) == ("array", ["a", None])
+    assert _column_value("INTEGER", (1, -2, 2**31 - 1)) == ("number", "1,-2,2147483647")
+    assert _column_value("BIGINT", (1, None)) == ("array", [1, None])
+    assert _column_value("DOUBLE PRECISION", (0.1, 1e300, 1_700_000_000.1234567)) == (
+        "number", "0.1,1e+300,1700000000.1234567"
+    )
+    assert _column_value("DOUBLE PRECISION", (1.5, 2)) == ("array", [1.5, 2])  # an int: its own encoding
+    assert _column_value("BYTEA", (b"\x01\xff", None, b"")) == ("hex", "01ff,-,")
+    assert _column_value("BYTEA", (b"",)) == ("array", [b""])
+    assert _column_value("BOOLEAN", (True, False)) == ("array", [True, False])
+
+
+@pytest.mark.postgres
+async def test_a_one_statement_commit_stores_every_value_as_written(clean_postgres_url: str) -> None:
+    """Whichever way the one-statement commit sends each column (``_column_value``), the rows read
+    back are the ones written: ids and JSON holding the separator (raw, or escaped in JSON),
+    NULLs, empty texts, token ids up to 2**32 - 1 and none, a time to the last bit."""
+    a = await _leased(clean_postgres_url, "rep_a")
+    b = await _leased(clean_postgres_url, "rep_b")
+    try:
+        kept = await _owned_log(a, "rep_a")  # the fence is read: its commits are one statement
+        a._clock = lambda: 1_700_000_000.1234567  # type: ignore[method-assign]
+        items = [
+            user_message("a\x1fb \u00e9 \U0001f600", item_id="msg_\x1fodd"),
+            user_message("", item_id="msg_plain"),
+        ]
+        odd = dataclasses.replace(new_response(input_items=items), owner="rep_a")
+        transactions, one_trip = a.stats.transactions, a.one_trip_commits
+        creating = a.submit_create(odd)
+        opening = a.submit(odd.id, [created(odd.id)], 0)
+        tokens = a.submit(kept.id, [delta(1, "x\x1fy")], 1, token_ids=(5, 2**32 - 1))
+        no_tokens = a.submit(kept.id, [delta(2, "")], 2)
+        await asyncio.gather(creating, opening, tokens, no_tokens)
+        assert a.one_trip_commits - one_trip == a.stats.transactions - transactions > 0
+
+        listed, more = await b.list_input_items(odd.id, after=None, limit=10, order="asc")
+        assert [item["id"] for item in listed] == ["msg_\x1fodd", "msg_plain"] and not more
+        assert [item["content"] for item in listed] == [item["content"] for item in items]
+        row = await b.get(odd.id)
+        assert row is not None and (row.previous_response_id, row.api_key_id, row.owner) == (None, None, "rep_a")
+        assert [e.payload.get("delta") for e in await b.load(kept.id, after_seq=0)] == ["x\x1fy", ""]
+        assert await b.output_token_writes(kept.id) == [[5, 2**32 - 1]]
+        assert [t for _, _, t in await b.load_times(kept.id)][1:] == [1_700_000_000.1234567] * 2
+    finally:
         await a.close()
         await b.close()
