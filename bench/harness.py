@@ -23,7 +23,11 @@ Per measured run:
 - the load generator's own CPU (if it nears 1.0 core it may be the bottleneck) and the CPU used by
   anything else on the machine during the run ("other CPU", in cores: a noisy neighbour shows up
   here; the harness also waits, up to ``quiet_timeout_s``, for the machine to be idle before
-  each run).
+  each run);
+- slow commits: the server's commits that took over 100 ms during the run, of all its commits,
+  from its ``ledger_commit_latency_seconds`` histogram (``GET /metrics`` before and after the
+  load; "-" for a server without one): a latency p99 of hundreds of ms with slow commits is the
+  disk's fsync stalling, which every durable commit waits for.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -158,7 +163,40 @@ class RunResult:
     peak_rss_mib: float | None = None
     other_cpu_cores: float | None = None
     quiet_wait_s: float = 0.0
+    #: The server's commits over ``SLOW_COMMIT_S`` during the run, and all of them (None: it
+    #: reports no commits).
+    slow_commits: int | None = None
+    commits: int | None = None
     failure: str | None = None
+
+
+#: A commit slower than this (seconds; a bucket bound of ``app.metrics``' latency histogram)
+#: counts as slow.
+SLOW_COMMIT_S = "0.1"
+_COMMIT_LATENCY = "ledger_commit_latency_seconds"
+
+
+def commit_counts(metrics_text: str) -> tuple[int, int] | None:
+    """(commits slower than ``SLOW_COMMIT_S``, all commits) from a Prometheus text exposition;
+    None when it has no commit latency histogram."""
+    within = total = None
+    for line in metrics_text.splitlines():
+        if line.startswith(f'{_COMMIT_LATENCY}_bucket{{le="{SLOW_COMMIT_S}"}} '):
+            within = int(float(line.rsplit(" ", 1)[1]))
+        elif line.startswith(f"{_COMMIT_LATENCY}_count "):
+            total = int(float(line.rsplit(" ", 1)[1]))
+    if within is None or total is None:
+        return None
+    return total - within, total
+
+
+def _server_commits(port: int) -> tuple[int, int] | None:
+    """``commit_counts`` of the server on ``port`` (None: it serves no such metrics)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as answer:
+            return commit_counts(answer.read().decode())
+    except OSError:  # (a 404 included: the naive peer has no /metrics)
+        return None
 
 
 # -- /proc -------------------------------------------------------------------------------------
@@ -514,6 +552,7 @@ def _measure(
     if times_dir is not None:
         _clear(times_dir)
     hwm_reset = _reset_hwm(server.pid)
+    commits0 = _server_commits(port)
     size0 = database.size()
     db_cpu0 = database.backend_cpu()
     kernel0: dict[int, int] = {}
@@ -539,6 +578,10 @@ def _measure(
     cpu1 = _tree_cpu_s(server.pid, kernel1)
     db_cpu1 = database.backend_cpu()
     size1 = database.size()
+    commits1 = _server_commits(port)
+    if commits0 is not None and commits1 is not None:
+        result.slow_commits = commits1[0] - commits0[0]
+        result.commits = commits1[1] - commits0[1]
 
     tokens = report["tokens"]
     wall = report["wall_s"]
@@ -733,6 +776,8 @@ class Summary:
     bytes_per_token: float | None
     peak_rss_mib: float | None
     other_cpu_cores: float | None
+    slow_commits: float | None
+    commits: float | None
     errors: int
     failure: str | None
 
@@ -802,6 +847,8 @@ def summarize(results: Sequence[RunResult], reference: str = "naive") -> list[Su
                 bytes_per_token=m("bytes_per_token"),
                 peak_rss_mib=max((r.peak_rss_mib for r in ok if r.peak_rss_mib), default=None),
                 other_cpu_cores=m("other_cpu_cores"),
+                slow_commits=m("slow_commits"),
+                commits=m("commits"),
                 errors=sum(r.errors for r in runs),
                 failure=next((r.failure for r in runs if r.failure), None),
             )
@@ -834,6 +881,7 @@ _COLUMNS = (
     ("bytes/tok", lambda s: _fmt(s.bytes_per_token, 0)),
     ("peak RSS MiB", lambda s: _fmt(s.peak_rss_mib, 0)),
     ("other CPU", lambda s: _fmt(s.other_cpu_cores, 2)),
+    ("slow commits", lambda s: "-" if s.commits is None else f"{_fmt(s.slow_commits)} of {_fmt(s.commits)}"),
     ("errors", lambda s: s.failure[:60] if s.failure else str(s.errors)),
 )
 
@@ -928,7 +976,8 @@ def render_markdown(
         "process tree per token; of it sys: the kernel's part of that (system time); server "
         "CPU: cores used. DB µs/tok: PostgreSQL backends. "
         "bytes/tok: database growth per token. other CPU: cores used by anything else "
-        "during the run (noise).",
+        "during the run (noise). slow commits: the server's commits over "
+        f"{float(SLOW_COMMIT_S) * 1000:.0f} ms during the run, of all of them (medians).",
         "",
     ]
     return "\n".join(lines)

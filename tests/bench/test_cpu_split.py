@@ -118,5 +118,10 @@ def test_a_profiled_run_keeps_each_servers_profile_and_prints_the_split(tmp_path
     assert "| domain |" in proc.stdout and "| **all** |" in proc.stdout
     # 30 deltas a stream: ten in the middle of each, every stream's token times found
     assert "mid p99 ms" in proc.stdout
-    for summary in json.loads(report.read_text())["summaries"]:
+    summaries = {s["target"]: s for s in json.loads(report.read_text())["summaries"]}
+    for summary in summaries.values():
         assert summary["latency_p99_ms"] is not None and summary["latency_mid_p99_ms"] is not None
+    # the ledger's commits during the run, from its /metrics; the peer has none
+    assert summaries["ledger-sqlite"]["commits"] > 0
+    assert 0 <= summaries["ledger-sqlite"]["slow_commits"] <= summaries["ledger-sqlite"]["commits"]
+    assert summaries["naive"]["commits"] is None and "slow commits" in proc.stdout
