@@ -135,7 +135,7 @@ class Subscription:
                     log.exception("writing a live stream's batch failed")
                     written = False
                 if written:
-                    self.written = batch.last_seq
+                    self.written = batch.first_seq + len(batch.frames) - 1  # (``last_seq``, inlined)
                     return
             self._detach()
         if self._limit is not None:

@@ -149,6 +149,7 @@ def fingerprint(text: str, start: tuple[int, int] = EMPTY) -> tuple[int, int]:
 
 
 _new = tuple.__new__
+_crc32 = zlib.crc32
 
 
 def _append(state: LogState, item: OpenItem, delta: str, next_seq: int) -> LogState:
@@ -157,7 +158,8 @@ def _append(state: LogState, item: OpenItem, delta: str, next_seq: int) -> LogSt
     The per-token path: the new tuples are made with ``tuple.__new__`` (a NamedTuple's own
     constructor adds a Python call per tuple), and only the last part's fingerprint changes."""
     parts = item.parts
-    mark = fingerprint(delta, parts[-1])
+    last = parts[-1]  # ``fingerprint``, inlined: a call a token
+    mark = (last[0] + len(delta), _crc32(delta.encode("utf-8", "surrogatepass"), last[1]))
     parts = (mark,) if len(parts) == 1 else (*parts[:-1], mark)
     new_item = _new(OpenItem, (item[0], item[1], item[2], item[3], parts, item[5], item[6]))
     return _new(LogState, (next_seq, state[1], state[2], new_item, state[4]))  # type: ignore[no-any-return]

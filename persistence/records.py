@@ -121,9 +121,12 @@ class StoredEvent:
 
     def payload_text(self) -> str:
         """The JSON text to store (``payload_json`` when given, checked but not rewritten)."""
-        if self.payload_json is None:
+        text = self.payload_json
+        if text is None:
             return dump_json(self.payload)
-        return check_json_text(self.payload_json)
+        if "\x00" in text or "\\u0000" in text:  # (the common case of ``check_json_text``, inlined:
+            return check_json_text(text)  # a call a paced token)
+        return text
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"StoredEvent is immutable (cannot set {name!r})")
