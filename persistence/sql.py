@@ -1730,6 +1730,15 @@ def _column_value(pg_type: str, column: tuple[Any, ...]) -> tuple[str, Any]:
     return "array", list(column)
 
 
+#: A column's parameter as an array in the one-statement commit, by its form (``_column_value``).
+_ARRAY_OF = {
+    "text": "string_to_array({mark}, E'\\x1f')",
+    "number": "string_to_array({mark}, ',')::{type}[]",
+    "hex": "string_to_array({mark}, ',', '-')",
+    "array": "{mark}::{type}[]",
+}
+
+
 def _fenced_sql(
     parts: tuple[_Statement, ...],
     forms: list[str],
@@ -1749,15 +1758,10 @@ def _fenced_sql(
         types = _PG_TYPES[table]
         arrays, values = [], []
         for i, c in enumerate(columns):
-            form, pg_type, mark = forms[first - 3 + i], types[c], f"${first + i}"
-            if form == "text":  # (JSON as text, cast below, as the driver sends it)
-                arrays.append(f"string_to_array({mark}, E'\\x1f')")
-            elif form == "number":
-                arrays.append(f"string_to_array({mark}, ',')::{pg_type.lower()}[]")
-            elif form == "hex":
-                arrays.append(f"string_to_array({mark}, ',', '-')")
-            else:
-                arrays.append(f"{mark}::{'text' if pg_type == 'JSONB' else pg_type.lower()}[]")
+            form, pg_type = forms[first - 3 + i], types[c]
+            # (JSON goes as text, cast below, as the driver sends it)
+            sql_type = "text" if pg_type == "JSONB" else pg_type.lower()
+            arrays.append(_ARRAY_OF[form].format(mark=f"${first + i}", type=sql_type))
             if pg_type == "JSONB":
                 values.append(f"x.{c}::jsonb")
             elif form == "hex":
