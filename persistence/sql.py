@@ -1487,7 +1487,7 @@ class _Statements:
         )
         self._status = self.insert_response.columns.index("status")
         assert columns[0] == "status"  # (a change's status replaces the new row's)
-        self._fenced: dict[tuple[_Statement | str, ...], str] = {}
+        self._fenced: dict[tuple[_Part, ...], str] = {}
         # A new row's ``fence`` starts at a random value, never at one its replica may have seen
         # before the row went (a drain removes it) and came back.
         self.upsert_replica = (
@@ -1502,8 +1502,9 @@ class _Statements:
         """A plan's statements as one (PostgreSQL, ``SqlStore._one_statement``), and its
         parameters after the replica's id and ``fence`` value: every row is written only while
         that row holds that value, share-locked until the statement's own transaction commits.
-        Each table's rows are one array a column (``unnest``); a new row changed in the same
-        batch is inserted changed. The statement returns 1 when it wrote, 0 when the fence moved."""
+        Each table's rows are one parameter a column (``_column_value``), unnested; a new row
+        changed in the same batch is inserted changed. The statement returns 1 when it wrote, 0
+        when the fence moved."""
         parts = dict(statements)
         created = parts.pop(self.insert_response, None)
         changes = parts.pop(self.update_response, None)
@@ -1521,22 +1522,22 @@ class _Statements:
             changes = list(changed.values())
         if changes:
             parts[self.update_response] = changes
-        columns: list[Any] = []
-        forms: list[str] = []
+        values: list[Any] = []
+        shapes: list[_Part] = []
         for statement, rows in parts.items():
-            types = _PG_TYPES[statement.table or "responses"]
-            names = self._update_columns if statement is self.update_response else statement.columns
+            updates = statement is self.update_response
+            table, names = ("responses", self._update_columns) if updates else (statement.table, statement.columns)
+            types, forms = _PG_TYPES[table], []
             for name, column in zip(names, zip(*rows, strict=True), strict=True):
                 form, value = _column_value(types[name], column)
                 forms.append(form)
-                columns.append(value)
-        key: tuple[_Statement | str, ...] = (*parts, *forms)
+                values.append(value)
+            shapes.append(_Part(table, names, tuple(forms), updates))
+        key = tuple(shapes)
         sql = self._fenced.get(key)
         if sql is None:
-            sql = self._fenced[key] = _fenced_sql(
-                tuple(parts), forms, self.update_response, self._update_columns
-            )
-        return sql, columns
+            sql = self._fenced[key] = _fenced_sql(key)
+        return sql, values
 
     def _marks(self, count: int) -> str:
         return ", ".join(f"${i}" if self._postgres else "?" for i in range(1, count + 1))
@@ -1739,26 +1740,26 @@ _ARRAY_OF = {
 }
 
 
-def _fenced_sql(
-    parts: tuple[_Statement, ...],
-    forms: list[str],
-    update_statement: _Statement,
-    update_columns: tuple[str, ...],
-) -> str:
-    """The text of ``_Statements.fenced``'s statement for these parts, each column's values sent
-    in its ``forms`` entry (``_column_value``): ``$1``, the replica's id, ``$2``, the ``fence``
-    value its commits last read, then one parameter a column."""
+class _Part(NamedTuple):
+    """One table's share of a one-statement commit: its columns, how each one's values are sent
+    (``_column_value``), and whether it updates rows rather than inserts them."""
+
+    table: str
+    columns: tuple[str, ...]
+    forms: tuple[str, ...]
+    updates: bool
+
+
+def _fenced_sql(parts: tuple[_Part, ...]) -> str:
+    """The text of ``_Statements.fenced``'s statement for these parts: ``$1``, the replica's id,
+    ``$2``, the ``fence`` value its commits last read, then one parameter a column."""
     writes = ["own AS (SELECT 1 FROM replicas WHERE id = $1 AND fence = $2 FOR SHARE)"]
     first = 3
-    for n, part in enumerate(parts):
-        if part is update_statement:
-            table, columns = "responses", update_columns
-        else:
-            table, columns = part.table, part.columns
+    for n, (table, columns, forms, updates) in enumerate(parts):
         types = _PG_TYPES[table]
         arrays, values = [], []
-        for i, c in enumerate(columns):
-            form, pg_type = forms[first - 3 + i], types[c]
+        for i, (c, form) in enumerate(zip(columns, forms, strict=True)):
+            pg_type = types[c]
             # (JSON goes as text, cast below, as the driver sends it)
             sql_type = "text" if pg_type == "JSONB" else pg_type.lower()
             arrays.append(_ARRAY_OF[form].format(mark=f"${first + i}", type=sql_type))
@@ -1770,7 +1771,7 @@ def _fenced_sql(
                 values.append(f"x.{c}")
         rows = f"unnest({', '.join(arrays)}) AS x({', '.join(columns)})"
         first += len(columns)
-        if part is update_statement:
+        if updates:
             sets = ", ".join(f"{c} = {v}" for c, v in zip(columns[:-1], values, strict=False))
             write = f"UPDATE responses AS r SET {sets} FROM {rows} WHERE r.id = x.id AND EXISTS (SELECT 1 FROM own)"
         else:
