@@ -43,11 +43,20 @@ def test_dump_json_is_compact_and_keeps_unicode() -> None:
 )
 def test_nul_is_refused_wherever_it_is(value: str, refused: bool) -> None:
     text = json.dumps({"v": value})
+    stored = StoredEvent(0, "t", payload_json=text)  # (its own pre-check hands on what may hold one)
     if refused:
         with pytest.raises(ValueError):
             check_json_text(text)
+        with pytest.raises(ValueError):
+            stored.payload_text()
     else:
         assert check_json_text(text) == text
+        assert stored.payload_text() == text
+
+
+def test_a_raw_nul_in_given_json_text_is_refused_too() -> None:
+    with pytest.raises(ValueError):
+        StoredEvent(0, "t", payload_json='{"v":"a\x00b"}').payload_text()
 
 
 def test_payload_text_prefers_the_given_json() -> None:
