@@ -124,7 +124,10 @@ def _run_one(args: argparse.Namespace, count: int, cores: int, workdir: Path) ->
         "serve", "--engine", "scripted", "--script", script, "--database-url", url,
         "--host", HOST, "--port", str(port), "--frontends", str(count),
     ]  # fmt: skip
-    env = {**os.environ, "RESPONSES_LEDGER_LOG_LEVEL": "warning", "PYTHONPATH": str(REPO_ROOT)}
+    # the repository first, then what the caller's PYTHONPATH holds (packages installed with
+    # --target on a machine without a virtual environment: bench/gpu/lent_machine.sh)
+    pythonpath = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "RESPONSES_LEDGER_LOG_LEVEL": "warning", "PYTHONPATH": pythonpath}
     log = (workdir / f"server-{count}.log").open("wb")
     server = subprocess.Popen(
         _pinned(server_cpus if pinned else None, argv),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -69,3 +70,47 @@ def test_run_naive_targets_end_to_end(tmp_path):
     assert cells[("naive", 3)]["ratio_to_naive"] == 1.0
     text = results.read_text()
     assert "| naive-c16 | 3 |" in text and "Command: `python -m bench run" in text
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+def test_frontends_end_to_end_keeps_the_callers_pythonpath(tmp_path):
+    """``bench.frontends`` serves and measures one frontend, and its server and load generator
+    see the caller's ``PYTHONPATH`` (where ``bench/gpu/lent_machine.sh`` installs the packages)
+    after the repository: a ``sitecustomize`` there records every process that starts."""
+    site = tmp_path / "site"
+    site.mkdir()
+    seen = tmp_path / "seen"
+    seen.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import os\n"
+        "mark = os.environ.get('BENCH_TEST_SEEN')\n"
+        "if mark:\n"
+        "    with open('/proc/self/cmdline', 'rb') as cmd:\n"
+        "        argv = cmd.read().decode().split('\\0')\n"
+        "    with open(os.path.join(mark, str(os.getpid())), 'w') as f:\n"
+        "        f.write(' '.join(argv))\n"
+    )
+    out = tmp_path / "frontends.json"
+    env = {**os.environ, "PYTHONPATH": str(site), "BENCH_TEST_SEEN": str(seen)}
+    argv = [
+        sys.executable, "-m", "bench.frontends", "--frontends", "1",
+        "--streams-per-frontend", "4", "--tokens", "20", "--token-delay-ms", "1",
+        "--total-tokens", "160", "--max-run-seconds", "20", "--json", str(out),
+    ]  # fmt: skip
+    proc = subprocess.run(
+        argv,
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (row,) = json.loads(out.read_text())
+    assert row["frontends"] == 1 and row["errors"] == 0
+    assert row["tokens"] == 160 and row["tokens_per_s"] > 0  # 4 workers x 2 streams x 20
+    argvs = [path.read_text() for path in seen.iterdir()]
+    assert any("serve" in argv.split() for argv in argvs), argvs  # the server
+    assert any("bench.loadgen" in argv.split() for argv in argvs), argvs  # the load generator

@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# Issue 20's many-core measurements on a lent machine that reaches no network (the workplace's
+# GPU machine: 16 cores, its own Python 3.12, no PostgreSQL, no vLLM): what `bench.frontends` and
+# `bench run` need, brought along and started here, then the benchmarks in order of what a run
+# there is for, each only while the time budget allows it.
+#
+# Prepared on the developer machine (both folders are ignored by git and carried to the machine):
+#   .whl/        the runtime's wheels for the machine's Python (cp312, manylinux), and
+#                pgserver's wheel, whose PostgreSQL 16 binaries (pgserver/pginstall) serve the
+#                benchmarks' database; pgserver's Python code is not used
+#   .cache/tiktoken/o200k_base.tiktoken   the Harmony vocabulary (built by `make setup`)
+# bench/RESULTS.md ("Issue 20 on a 16-core machine") says how they were made and what came out.
+#
+# Usage on that machine, from the repository root:
+#   OUT=/some/dir BUDGET_S=540 bash bench/gpu/lent_machine.sh
+# Environment: OUT [/tmp/lent-out], BUDGET_S: seconds this script may take in all [540],
+#   FRONTENDS [1,2,4,8], LOADGENS [6], STREAMS_PER_FRONTEND [512], FRONTEND_REPS [2],
+#   STAGES: which of frontends,paced,unpaced to run [all three, in that order]
+set -uo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+cd "$REPO"
+OUT="${OUT:-/tmp/lent-out}"
+BUDGET_S="${BUDGET_S:-540}"
+FRONTENDS="${FRONTENDS:-1,2,4,8}"
+LOADGENS="${LOADGENS:-6}"
+STREAMS_PER_FRONTEND="${STREAMS_PER_FRONTEND:-512}"
+FRONTEND_REPS="${FRONTEND_REPS:-2}"
+STAGES="${STAGES:-frontends,paced,unpaced}"
+PGPORT="${PGPORT:-5432}"
+PY="${PYTHON:-python3}"
+mkdir -p "$OUT"
+start=$SECONDS
+say() { echo "[$((SECONDS - start))s] $*"; }
+left() { echo $((BUDGET_S - (SECONDS - start))); }
+
+# -- the machine -------------------------------------------------------------------------------
+{
+    echo "cores: $(nproc); $(grep -m1 'model name' /proc/cpuinfo)"
+    echo "memory: $(grep MemTotal /proc/meminfo)"
+    command -v nvidia-smi >/dev/null && nvidia-smi -L
+    "$PY" -c 'import sys; print("python", sys.version.split()[0])'
+    "$PY" -c 'import vllm; print("vllm", vllm.__version__)' 2>&1 | tail -n 1
+    df -hT /tmp "$REPO" | tail -n 2
+} | tee "$OUT/machine.txt"
+
+# -- Python packages ---------------------------------------------------------------------------
+if [[ -d .whl ]]; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site .whl/*.whl || { echo "wheel install failed" >&2; exit 1; }
+    export PYTHONPATH="/tmp/site:$REPO"
+else
+    export PYTHONPATH="$REPO"
+fi
+"$PY" -c 'import app.main, bench.harness, uvicorn, asyncpg, openai_harmony' || exit 1
+"$PY" -c 'import importlib.util as u; print("uvloop:", bool(u.find_spec("uvloop")),
+    "httptools:", bool(u.find_spec("httptools")))' | tee -a "$OUT/machine.txt"
+say "packages ready"
+
+# -- PostgreSQL on 127.0.0.1:$PGPORT ------------------------------------------------------------
+pg_up() { "$PY" -c "import socket,sys; socket.create_connection(('127.0.0.1', $PGPORT), 1)" 2>/dev/null; }
+if ! pg_up; then
+    PGBIN="${PGBIN:-/tmp/site/pgserver/pginstall/bin}"
+    PGDATA="${PGDATA:-$(mktemp -d /tmp/pgdata.XXXXXX)}"
+    # PostgreSQL refuses to run as root: the cluster belongs to `nobody`
+    as_pg() {
+        if [[ $(id -u) != 0 ]]; then sh -c "$*"
+        elif command -v setpriv >/dev/null; then
+            setpriv --reuid=nobody --regid="$(id -g nobody)" --clear-groups sh -c "$*"
+        else su -s /bin/sh nobody -c "$*"; fi
+    }
+    mkdir -p "$PGDATA" && { [[ $(id -u) != 0 ]] || chown nobody "$PGDATA"; }
+    as_pg "$PGBIN/initdb -D $PGDATA -U postgres -A trust -E UTF8 --locale=C" >"$OUT/initdb.log" 2>&1 \
+        || { tail -n 20 "$OUT/initdb.log"; exit 1; }
+    as_pg "$PGBIN/pg_ctl -D $PGDATA -l $PGDATA/log -w start -o '-p $PGPORT -k /tmp \
+        -c listen_addresses=127.0.0.1 -c max_connections=400'" >/dev/null \
+        || { cat "$PGDATA/log" >&2; exit 1; }
+    trap 'as_pg "$PGBIN/pg_ctl -D $PGDATA -m fast stop" >/dev/null 2>&1' EXIT
+fi
+"$PY" - <<EOF || exit 1
+import asyncio, asyncpg
+async def main():
+    conn = await asyncpg.connect("postgresql://postgres@127.0.0.1:$PGPORT/postgres")
+    print("postgres", await conn.fetchval("show server_version"),
+          "fsync", await conn.fetchval("show fsync"),
+          "synchronous_commit", await conn.fetchval("show synchronous_commit"))
+    await conn.close()
+asyncio.run(main())
+EOF
+say "postgres ready"
+
+# -- the benchmarks, in order, each only while the budget allows it ----------------------------
+stage() { [[ ",$STAGES," == *",$1,"* ]]; }
+if stage frontends && (($(left) > 150)); then
+    say "bench.frontends --frontends $FRONTENDS"
+    "$PY" -m bench.frontends --frontends "$FRONTENDS" --loadgens "$LOADGENS" \
+        --streams-per-frontend "$STREAMS_PER_FRONTEND" --reps "$FRONTEND_REPS" \
+        --json "$OUT/frontends.json" 2>&1 | tee "$OUT/frontends.txt"
+fi
+if stage paced && (($(left) > 210)); then
+    say "bench run, paced"
+    "$PY" -m bench run --rounds 1 --reps 1 --concurrency 64,256 --token-delay-ms 10 --tokens 200 \
+        --target naive --target ledger-sqlite --target ledger-postgres \
+        --json "$OUT/paced.json" 2>&1 | tee "$OUT/paced.txt"
+fi
+if stage unpaced && (($(left) > 170)); then
+    say "bench run, unpaced"
+    "$PY" -m bench run --rounds 1 --reps 1 --concurrency 16,64,256 --tokens 1000 \
+        --target naive --target ledger-sqlite --target ledger-postgres \
+        --json "$OUT/unpaced.json" 2>&1 | tee "$OUT/unpaced.txt"
+fi
+say "done"
