@@ -37,6 +37,8 @@ left() { echo $((BUDGET_S - (SECONDS - start))); }
 # -- the machine -------------------------------------------------------------------------------
 {
     echo "cores: $(nproc); $(grep -m1 'model name' /proc/cpuinfo)"
+    # are the cores hyperthreads of fewer physical ones (then N frontends share them)?
+    command -v lscpu >/dev/null && lscpu | grep -E '^(Thread|Core|Socket|NUMA node)\(s\)|^NUMA node[0-9]'
     echo "memory: $(grep MemTotal /proc/meminfo)"
     command -v nvidia-smi >/dev/null && nvidia-smi -L
     "$PY" -c 'import sys; print("python", sys.version.split()[0])'

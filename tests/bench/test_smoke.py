@@ -111,6 +111,18 @@ def test_frontends_end_to_end_keeps_the_callers_pythonpath(tmp_path):
     (row,) = json.loads(out.read_text())
     assert row["frontends"] == 1 and row["errors"] == 0
     assert row["tokens"] == 160 and row["tokens_per_s"] > 0  # 4 workers x 2 streams x 20
+    assert row["runs_tokens_per_s"] == [row["tokens_per_s"]]
+    assert row["commits"] > 0 and 0 <= row["slow_commits"] <= row["commits"]
+    assert row["db_cpu_us_per_token"] > 0  # the run's database had backends that worked
     argvs = [path.read_text() for path in seen.iterdir()]
     assert any("serve" in argv.split() for argv in argvs), argvs  # the server
     assert any("bench.loadgen" in argv.split() for argv in argvs), argvs  # the load generator
+
+
+def test_frontends_shows_the_median_run_and_of_two_the_slower():
+    from bench.frontends import _median_run
+
+    runs = [{"tokens_per_s": 9.0, "n": 1}, {"tokens_per_s": 7.0, "n": 2}]
+    assert _median_run(runs) == {"tokens_per_s": 7.0, "n": 2, "runs_tokens_per_s": [9.0, 7.0]}
+    three = [*runs, {"tokens_per_s": 8.0, "n": 3}]
+    assert _median_run(three)["n"] == 3
