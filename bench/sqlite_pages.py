@@ -1,0 +1,161 @@
+"""What a paced token costs SQLite's writer, by the pages its commit writes: a reproduction.
+
+Usage: ``python -m bench.sqlite_pages [--logs 256] [--steps 200] [--history 2000] [--reps 2]``.
+
+At 256 paced streams every commit appends one event to each of 256 live logs. The ledger's
+``response_events`` is a rowid table (its rows fill a few pages at the end, migration 0010) with
+the key ``(response_id, seq)`` as an index, and in that index each live log's newest entries sit
+on a leaf page of their own: a commit dirties one index page a live log, and SQLite's WAL writes
+every dirty page whole (one ``pwrite`` a page, its checksum, its wal-index entry). Counted in
+the ledger (``bench.paced_path``, SQLite, 256 streams): ~1 ``pwrite`` a token, and the writer
+thread's ``COMMIT`` alone ~17 µs of CPU a token, on the server's one core.
+
+This script measures that cost outside the server, with the ledger's columns and SQLite
+settings (WAL, ``synchronous = FULL``, a 64 MiB cache, a passive checkpoint every 50 commits),
+for two layouts:
+
+- **indexed**: each commit's events go straight into the table with the key index, as now;
+- **tail + move every K**: each commit appends to an unindexed table (``tail``), and every K
+  commits one transaction moves its rows into the indexed table in key order and empties it,
+  so each live log's index page is written once every K commits instead of every commit.
+
+Printed per layout: process CPU per event (this thread does all of it: the statements, the
+commit, the WAL writes' system calls) and WAL frames written per event (summed from the
+checkpoints' frame counts). The second layout is a design sketch, not the ledger's: reads of a
+live log would have to look in both tables (bench/RESULTS.md, fifteenth session).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import sqlite3
+import statistics
+import tempfile
+import time
+
+__all__ = ["main", "run_layout"]
+
+_COLUMNS = (
+    "response_id TEXT NOT NULL, seq INTEGER NOT NULL, type TEXT NOT NULL, payload TEXT NOT NULL,"
+    " recorded_at REAL NOT NULL, token_ids BLOB"
+)
+_PAYLOAD = (
+    '{"type":"response.output_text.delta","sequence_number":%d,"item_id":"msg_%s",'
+    '"output_index":0,"content_index":0,"delta":" word","logprobs":[]}'
+)
+#: A passive checkpoint every this many commits (the ledger's checkpointer: every 0.5 s).
+_CHECKPOINT_EVERY = 50
+
+
+def _open(path: str) -> sqlite3.Connection:
+    con = sqlite3.connect(path, isolation_level=None)
+    for pragma in (
+        "PRAGMA journal_mode = WAL",
+        "PRAGMA synchronous = FULL",
+        "PRAGMA cache_size = -65536",
+        "PRAGMA wal_autocheckpoint = 100000",
+    ):
+        con.execute(pragma)
+    con.execute(f"CREATE TABLE events ({_COLUMNS}, PRIMARY KEY (response_id, seq))")
+    con.execute(f"CREATE TABLE tail ({_COLUMNS})")
+    return con
+
+
+def _frames(con: sqlite3.Connection) -> int:
+    """Checkpoint (passive); the WAL's frames at that moment."""
+    _busy, log, _done = con.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+    return max(int(log), 0)
+
+
+def run_layout(logs: int, steps: int, history: int, move_every: int | None) -> dict[str, float]:
+    """One run: ``history`` finished logs of ``steps`` events first (so the index is not a
+    toy), then ``steps`` commits of one event for each of ``logs`` live logs. ``move_every``:
+    None for the indexed layout, else K of the tail layout."""
+    with tempfile.TemporaryDirectory(prefix="bench-sqlite-pages-") as tmp:
+        con = _open(os.path.join(tmp, "ledger.db"))
+        try:
+            old = [
+                (f"resp_{secrets.token_hex(24)}", seq, "t", _PAYLOAD % (seq, "x"), 0.0, None)
+                for _ in range(history)
+                for seq in range(steps)
+            ]
+            con.execute("BEGIN")
+            con.executemany("INSERT INTO events VALUES (?, ?, ?, ?, ?, ?)", old)
+            con.execute("COMMIT")
+            con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            ids = [f"resp_{secrets.token_hex(24)}" for _ in range(logs)]
+            target = "events" if move_every is None else "tail"
+            insert = f"INSERT INTO {target} VALUES (?, ?, ?, ?, ?, ?)"
+            frames = 0
+            cpu0 = time.process_time()
+            for step in range(steps):
+                now = time.time()
+                rows = [
+                    (
+                        rid,
+                        step,
+                        "response.output_text.delta",
+                        _PAYLOAD % (step, rid[5:21]),
+                        now,
+                        b"\x01\x02\x03\x04",
+                    )
+                    for rid in ids
+                ]
+                con.execute("BEGIN IMMEDIATE")
+                con.executemany(insert, rows)
+                con.execute("COMMIT")
+                if move_every is not None and (step + 1) % move_every == 0:
+                    con.execute("BEGIN IMMEDIATE")
+                    con.execute("INSERT INTO events SELECT * FROM tail ORDER BY response_id, seq")
+                    con.execute("DELETE FROM tail")
+                    con.execute("COMMIT")
+                if (step + 1) % _CHECKPOINT_EVERY == 0:
+                    frames += _frames(con)
+            cpu = time.process_time() - cpu0
+            if move_every is not None:  # the rest, as a server would before it stops
+                con.execute("INSERT INTO events SELECT * FROM tail ORDER BY response_id, seq")
+                con.execute("DELETE FROM tail")
+            stored = con.execute("SELECT count(*) FROM events").fetchone()[0]
+            if stored != (history + logs) * steps:
+                raise RuntimeError(f"{stored} events stored, {(history + logs) * steps} written")
+        finally:
+            con.close()
+    events = logs * steps
+    return {"us_per_event": cpu / events * 1e6, "frames_per_event": frames / events}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.sqlite_pages", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--logs", type=int, default=256, help="live logs (paced streams)")
+    parser.add_argument("--steps", type=int, default=200, help="commits, one event a log each")
+    parser.add_argument("--history", type=int, default=2000, help="finished logs stored first")
+    parser.add_argument("--moves", default="25,50", help="K of the tail layouts, comma-separated")
+    parser.add_argument("--reps", type=int, default=2, help="runs of each layout (median shown)")
+    args = parser.parse_args(argv)
+    layouts: list[tuple[str, int | None]] = [("indexed", None)]
+    layouts += [(f"tail + move every {k}", k) for k in map(int, args.moves.split(","))]
+    results: dict[str, list[dict[str, float]]] = {name: [] for name, _ in layouts}
+    for _ in range(args.reps):  # layouts alternate, so a slow minute falls on all of them
+        for name, move_every in layouts:
+            results[name].append(run_layout(args.logs, args.steps, args.history, move_every))
+    print(
+        f"{args.logs} live logs x {args.steps} commits of one event each, {args.history} finished "
+        f"logs stored first, SQLite {sqlite3.sqlite_version}, median of {args.reps}"
+    )
+    print("| layout | µs CPU an event | WAL frames an event | runs (µs) |")
+    print("|---|--:|--:|---|")
+    for name, _ in layouts:
+        runs = results[name]
+        us = statistics.median(r["us_per_event"] for r in runs)
+        frames = statistics.median(r["frames_per_event"] for r in runs)
+        every = ", ".join(f"{r['us_per_event']:.1f}" for r in runs)
+        print(f"| {name} | {us:.1f} | {frames:.2f} | {every} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,23 @@
+"""``bench.sqlite_pages`` on tiny parameters: both layouts store every event, and the table
+prints (no performance assertion)."""
+
+from __future__ import annotations
+
+from bench.sqlite_pages import main, run_layout
+
+
+def test_each_layout_stores_every_event_and_counts_wal_frames():
+    for move_every in (None, 5):
+        result = run_layout(logs=8, steps=50, history=3, move_every=move_every)
+        assert result["us_per_event"] > 0
+        assert result["frames_per_event"] > 0  # the checkpoint after commit 50 saw the WAL
+
+
+def test_the_table_names_every_layout(capsys):
+    assert (
+        main(["--logs", "4", "--steps", "50", "--history", "2", "--moves", "5,10", "--reps", "1"])
+        == 0
+    )
+    out = capsys.readouterr().out
+    for name in ("| indexed |", "| tail + move every 5 |", "| tail + move every 10 |"):
+        assert name in out
