@@ -15,7 +15,13 @@
 #   OUT=/some/dir BUDGET_S=540 bash bench/gpu/lent_machine.sh
 # Environment: OUT [/tmp/lent-out], BUDGET_S: seconds this script may take in all [540],
 #   FRONTENDS [1,2,4,8], LOADGENS [6], STREAMS_PER_FRONTEND [512], FRONTEND_REPS [2],
-#   STAGES: which of frontends,paced,unpaced to run [all three, in that order]
+#   STAGES: which of frontends,paced,unpaced to run [all three, in that order],
+#   PGDATA_PARENT: where PostgreSQL's cluster goes [/tmp]; /dev/shm puts it in memory, where a
+#     commit waits for no disk (not durable: for telling the disk's share from the frontends').
+#   PostgreSQL is started on 127.0.0.1:5432 unless something listens there already (the
+#   benchmarks' port, bench/targets.py); the cluster is removed at the end.
+# machine.txt records the cores, their topology, the GPU, whether vLLM is there, and the disk's
+# fdatasync latency (5 s of 20 KB appends), which every durable commit waits for.
 set -uo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -44,6 +50,18 @@ left() { echo $((BUDGET_S - (SECONDS - start))); }
     "$PY" -c 'import sys; print("python", sys.version.split()[0])'
     "$PY" -c 'import vllm; print("vllm", vllm.__version__)' 2>&1 | tail -n 1
     df -hT /tmp "$REPO" | tail -n 2
+    # the disk every durable commit waits for: 5 s of 20 KB appends, each followed by fdatasync
+    "$PY" - <<'EOF'
+import os, tempfile, time
+fd, path = tempfile.mkstemp(dir="/tmp")
+times, block, end = [], b"x" * 20480, time.monotonic() + 5
+while time.monotonic() < end:
+    t = time.perf_counter(); os.write(fd, block); os.fdatasync(fd); times.append(time.perf_counter() - t)
+os.close(fd); os.unlink(path); times.sort()
+print(f"fdatasync of 20 KB appends on /tmp: {len(times)} in 5 s, p50 {times[len(times) // 2] * 1e3:.2f} ms,"
+      f" p99 {times[int(len(times) * 0.99)] * 1e3:.2f} ms, max {times[-1] * 1e3:.1f} ms,"
+      f" over 100 ms: {sum(t > 0.1 for t in times)}")
+EOF
 } | tee "$OUT/machine.txt"
 
 # -- Python packages ---------------------------------------------------------------------------
@@ -63,7 +81,10 @@ say "packages ready"
 pg_up() { "$PY" -c "import socket,sys; socket.create_connection(('127.0.0.1', $PGPORT), 1)" 2>/dev/null; }
 if ! pg_up; then
     PGBIN="${PGBIN:-/tmp/site/pgserver/pginstall/bin}"
-    PGDATA="${PGDATA:-$(mktemp -d /tmp/pgdata.XXXXXX)}"
+    DROP_PGDATA=0
+    if [[ -z "${PGDATA:-}" ]]; then  # a cluster of this run's own, removed at the end
+        PGDATA="$(mktemp -d "${PGDATA_PARENT:-/tmp}/pgdata.XXXXXX")" && DROP_PGDATA=1
+    fi
     # PostgreSQL refuses to run as root: the cluster belongs to `nobody`
     as_pg() {
         if [[ $(id -u) != 0 ]]; then sh -c "$*"
@@ -77,7 +98,7 @@ if ! pg_up; then
     as_pg "$PGBIN/pg_ctl -D $PGDATA -l $PGDATA/log -w start -o '-p $PGPORT -k /tmp \
         -c listen_addresses=127.0.0.1 -c max_connections=400'" >/dev/null \
         || { cat "$PGDATA/log" >&2; exit 1; }
-    trap 'as_pg "$PGBIN/pg_ctl -D $PGDATA -m fast stop" >/dev/null 2>&1' EXIT
+    trap 'as_pg "$PGBIN/pg_ctl -D $PGDATA -m fast stop" >/dev/null 2>&1; ((DROP_PGDATA)) && rm -rf "$PGDATA"' EXIT
 fi
 "$PY" - <<EOF || exit 1
 import asyncio, asyncpg
