@@ -100,7 +100,8 @@ def _build(target: Path, encoding: HarmonyEncoding) -> None:
 
     vocab_file = _vocab_dir() / O200K_BASE_FILE
     specials = _special_names(encoding)
-    tokenizer = TikTokenConverter(vocab_file=str(vocab_file), pattern=O200K_PATTERN).converted()
+    converter = TikTokenConverter(vocab_file=str(vocab_file), pattern=O200K_PATTERN)  # type: ignore[no-untyped-call]
+    tokenizer = converter.converted()
     if tokenizer.get_vocab_size() != FIRST_SPECIAL_ID:
         raise TokenizerMismatch(f"o200k_base has {tokenizer.get_vocab_size()} ranks, not {FIRST_SPECIAL_ID}")
     tokenizer.add_special_tokens([AddedToken(name, special=True, normalized=False) for name in specials])
@@ -140,7 +141,7 @@ def verify_tokenizer(directory: Path | str, encoding: HarmonyEncoding | None = N
     tokenizer = Tokenizer.from_file(str(Path(directory) / "tokenizer.json"))
     if tokenizer.get_vocab_size(with_added_tokens=True) != _VOCAB_SIZE:
         raise TokenizerMismatch(f"{tokenizer.get_vocab_size(with_added_tokens=True)} ids, not {_VOCAB_SIZE}")
-    byte_of = {char: byte for byte, char in bytes_to_unicode().items()}
+    byte_of = {char: byte for byte, char in bytes_to_unicode().items()}  # type: ignore[no-untyped-call]
     ranks = load_tiktoken_bpe(str(_vocab_dir() / O200K_BASE_FILE), expected_hash=O200K_BASE_SHA256)
     by_id = {rank: token for token, rank in ranks.items()}
     if sorted(by_id) != list(range(FIRST_SPECIAL_ID)):

@@ -20,7 +20,7 @@ from sse_starlette import EventSourceResponse
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import Route, WebSocketRoute
 
 from app import input_tokens, openapi, transport
 from app.body import json_body
@@ -351,7 +351,7 @@ async def ready(request: Request) -> Response:
     return await health(request)
 
 
-routes = [
+routes: list[Route | WebSocketRoute] = [
     Route("/v1/responses", guard(create_response), methods=["POST"]),
     Route("/v1/responses/input_tokens", guard(count_input_tokens), methods=["POST"]),
     Route("/v1/responses/compact", guard(compact_response), methods=["POST"]),

@@ -363,7 +363,8 @@ class LogWriter:
         for event in events:
             record = stored_event(event)
             stored.append(record)
-            frames.append(sse_frame(record.type, record.seq, record.payload_json))  # set by stored_event
+            # (its text is set by stored_event; an assert or cast would cost a token a call)
+            frames.append(sse_frame(record.type, record.seq, record.payload_json))  # type: ignore[arg-type]
         self._shared.total += len(events)
 
     def _flush(self) -> None:

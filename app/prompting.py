@@ -70,7 +70,7 @@ def normalize_input(value: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
         if item.get("type") == "message":
             if isinstance(item.get("content"), str):
                 part = "output_text" if item.get("role") == "assistant" else "input_text"
-                extra = {"annotations": []} if part == "output_text" else {}
+                extra: dict[str, list[Any]] = {"annotations": []} if part == "output_text" else {}
                 item["content"] = [{"type": part, "text": item["content"], **extra}]
             item.setdefault("status", "completed")
         if not item.get("id"):
@@ -155,9 +155,10 @@ class Prompts:
         With ``truncation: "auto"``, a prompt that does not fit the context loses its oldest
         items (:mod:`domain.truncation`); what was dropped comes back with it."""
         effort = (request.reasoning.effort if request.reasoning else None) or self._default_effort
+        prompt_items = [*history, *input_items]
         prompt = PromptRequest(
             instructions=request.instructions,
-            items=[*history, *input_items],
+            items=prompt_items,
             tools=request.tools,
             tool_choice=request.tool_choice,
             reasoning_effort=effort,
@@ -180,7 +181,7 @@ class Prompts:
         def measure(items: Sequence[Any], history_length: int) -> RenderedPrompt:
             return render(dataclasses.replace(prompt, items=items, history_length=history_length))
 
-        search = functools.partial(fit, prompt.items, len(history), measure, fits, resolve=references.get)
+        search = functools.partial(fit, prompt_items, len(history), measure, fits, resolve=references.get)
         truncated = await offload.run(search) if large else search()
         if truncated is None:  # not even the last item alone fits: context_length_exceeded
             return rendered, None

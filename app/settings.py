@@ -8,7 +8,7 @@ is called by the CLI (or a test) and the result is passed to ``create_app``.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -184,7 +184,7 @@ class Settings:
         SERVE_GC_THRESHOLD (an app built in-process leaves the GC alone unless told)."""
         env = os.environ if environ is None else environ
         values: dict[str, Any] = {}
-        simple = {
+        simple: dict[str, tuple[str, Callable[[str], Any]]] = {
             "RESPONSES_LEDGER_HOST": ("host", str),
             "RESPONSES_LEDGER_PORT": ("port", int),
             "DATABASE_URL": ("database_url", str),

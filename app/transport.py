@@ -310,7 +310,7 @@ class _Guard:
         self._cancel_timers()
         super().handle_websocket_upgrade(*args)  # type: ignore[misc]
         upgraded = self.transport.get_protocol()
-        if upgraded is self:
+        if upgraded is self:  # type: ignore[comparison-overlap]  # (a uvicorn protocol is mixed in)
             return
         lost = upgraded.connection_lost
 

@@ -23,7 +23,7 @@ Decisions where OpenAI documents no rule:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from domain.errors import InvalidInput
 
@@ -83,7 +83,10 @@ class NoSummary(Exception):
     """The model's answer to the summarisation prompt held no final message."""
 
 
-def split_trigger(items: Sequence[Mapping[str, Any]]) -> tuple[list[Mapping[str, Any]], bool]:
+_Item = TypeVar("_Item", bound=Mapping[str, Any])
+
+
+def split_trigger(items: Sequence[_Item]) -> tuple[list[_Item], bool]:
     """``items`` without a final ``compaction_trigger``, and whether there was one. A trigger
     anywhere but last is :class:`InvalidInput` naming it."""
     found = [i for i, item in enumerate(items) if isinstance(item, Mapping) and item.get("type") == TRIGGER]

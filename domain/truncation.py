@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 __all__ = ["Truncated", "cut_points", "drop_oldest", "fit", "truncation_audit"]
 
@@ -151,7 +151,7 @@ def _id(item: Item) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def truncation_audit(truncated: Truncated[object] | None) -> dict[str, object]:
+def truncation_audit(truncated: Truncated[Any] | None) -> dict[str, object]:
     """What the prompt's audit record says of a truncation: nothing when there was none."""
     if truncated is None:
         return {}

@@ -89,8 +89,8 @@ from app.engines.protocol import (
     PromptTooLong,
     Pushable,
     Sampling,
-    TokenLogprob,
 )
+from domain.logprobs import TokenLogprob
 
 if TYPE_CHECKING:
     from vllm.outputs import RequestOutput
@@ -363,7 +363,8 @@ class VllmEngine:
         # With a stat logger and ``disable_log_stats`` vLLM records its stats for that logger
         # only (not its periodic log lines): PrometheusStatLogger registers the ``vllm:*``
         # metrics in prometheus_client's global registry, as vLLM's own server does.
-        loggers = [PrometheusStatLogger] if self.config.prometheus else None
+        # (typed as Any: vLLM annotates a list of its logger base classes, and a list is invariant)
+        loggers: list[Any] | None = [PrometheusStatLogger] if self.config.prometheus else None
         # No local holding the AsyncLLM: something in vLLM's start-up keeps this frame alive,
         # and a frame holding it would keep it from being collected by stop().
         if self._core is None:
@@ -498,7 +499,7 @@ class VllmEngine:
         from vllm.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
 
         stop = list(dict.fromkeys((*HARMONY_STOP_TOKEN_IDS, *sampling.stop_token_ids)))
-        optional = {
+        optional: dict[str, Any] = {
             "temperature": sampling.temperature,
             "top_p": sampling.top_p,
             "seed": sampling.seed,
