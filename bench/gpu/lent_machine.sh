@@ -9,6 +9,14 @@
 #                pgserver's wheel, whose PostgreSQL 16 binaries (pgserver/pginstall) serve the
 #                benchmarks' database; pgserver's Python code is not used
 #   .cache/tiktoken/o200k_base.tiktoken   the Harmony vocabulary (built by `make setup`)
+# made with (and `/.whl/` added to .git/info/exclude):
+#   python3 -m pip download --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+#     --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d .whl \
+#     <pyproject.toml's [project] dependencies, pinned as there> httpx==0.28.1 psutil
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
+#     --implementation cp --platform manylinux2014_x86_64 -d .whl pgserver==0.1.4
+# (about 32 MB; the device tool's call names `.whl` and `.cache` in `carry`).
 # bench/RESULTS.md ("Issue 20 on a 16-core machine") says how they were made and what came out.
 #
 # Usage on that machine, from the repository root:
@@ -18,8 +26,8 @@
 #   STAGES: which of frontends,paced,unpaced to run [all three, in that order],
 #   PGDATA_PARENT: where PostgreSQL's cluster goes [/tmp]; /dev/shm puts it in memory, where a
 #     commit waits for no disk (not durable: for telling the disk's share from the frontends').
-#   PostgreSQL is started on 127.0.0.1:5432 unless something listens there already (the
-#   benchmarks' port, bench/targets.py); the cluster is removed at the end.
+#   PGPORT [5432]: PostgreSQL is started on 127.0.0.1:PGPORT unless something listens there
+#   already; the benchmarks use 5432 (bench/targets.py). The cluster is removed at the end.
 # machine.txt records the cores, their topology, the GPU, whether vLLM is there, and the disk's
 # fdatasync latency (5 s of 20 KB appends), which every durable commit waits for.
 set -uo pipefail
