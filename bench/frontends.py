@@ -25,30 +25,25 @@ and the figures say so (``cores`` column: what was pinned, ``shared`` when it wa
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
-import asyncpg
 import httpx
 
-from bench.harness import SLOW_COMMIT_S, _delta_s, commit_counts
-from bench.harness import _cpu_ticks as _pids_cpu_ticks
-from bench.targets import (
-    LEDGER_MODEL,
-    POSTGRES_ADMIN_DSN,
-    POSTGRES_HOST,
-    POSTGRES_PORT,
-    ledger_body,
-    ledger_script,
+from bench.harness import (
+    SLOW_COMMIT_S,
+    _delta_s,
+    _PostgresDatabase,
+    _tree_cpu_s,
+    commit_counts,
 )
+from bench.targets import LEDGER_MODEL, ledger_body, ledger_script
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 HOST = "127.0.0.1"
@@ -59,22 +54,6 @@ __all__ = ["main"]
 
 def _ints(text: str) -> list[int]:
     return [int(part) for part in text.split(",") if part.strip()]
-
-
-def _cpu_ticks(pid: int) -> int:
-    """utime + stime of ``pid`` and its descendants, in clock ticks (Linux /proc)."""
-    total = 0
-    pending = [pid]
-    while pending:
-        current = pending.pop()
-        try:
-            fields = Path(f"/proc/{current}/stat").read_text().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])
-            children = Path(f"/proc/{current}/task/{current}/children").read_text().split()
-        except (FileNotFoundError, ProcessLookupError, IndexError):
-            continue
-        pending.extend(int(c) for c in children)
-    return total
 
 
 def _free_port() -> int:
@@ -89,69 +68,54 @@ def _pinned(cpus: list[int] | None, argv: list[str]) -> list[str]:
     return ["taskset", "-c", ",".join(map(str, cpus)), *argv] if cpus else argv
 
 
-async def _admin(statement: str) -> None:
-    conn = await asyncpg.connect(POSTGRES_ADMIN_DSN)
-    try:
-        await conn.execute(statement)
-    finally:
-        await conn.close()
-
-
-async def _backend_pids(name: str) -> list[int]:
-    conn = await asyncpg.connect(POSTGRES_ADMIN_DSN)
-    try:
-        rows = await conn.fetch("SELECT pid FROM pg_stat_activity WHERE datname = $1", name)
-    finally:
-        await conn.close()
-    return [int(row["pid"]) for row in rows]
-
-
-def _database_cpu(name: str) -> dict[int, int]:
-    """CPU ticks of each PostgreSQL backend serving database ``name`` now."""
-    return _pids_cpu_ticks(asyncio.run(_backend_pids(name)))
-
-
-def _commits_of_every_frontend(port: int, count: int, timeout_s: float = 60.0) -> tuple[int, int]:
-    """(commits over ``SLOW_COMMIT_S``, all commits) summed over the ``count`` frontends: each
-    counts its own (``/metrics``), and a new connection reaches whichever the kernel gives it
-    to, so this asks until every frontend has answered once."""
-    seen: dict[str, tuple[int, int]] = {}
+def _every_frontend(
+    port: int,
+    count: int,
+    path: str,
+    timeout_s: float,
+    proc: subprocess.Popen[bytes] | None = None,
+) -> dict[str, httpx.Response]:
+    """``GET path``'s 200 answer from each of the ``count`` frontends, by replica id: a new
+    connection reaches whichever frontend the kernel gives it to, so this asks until every one
+    has answered once (and, with ``proc``, fails if that server exits meanwhile)."""
+    answers: dict[str, httpx.Response] = {}
     deadline = time.monotonic() + timeout_s
-    while len(seen) < count:
+    while len(answers) < count:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"the server exited ({proc.returncode})")
         if time.monotonic() > deadline:
-            raise RuntimeError(f"/metrics: {len(seen)} of {count} frontends answered")
-        with httpx.Client(timeout=30) as client:
-            answer = client.get(f"http://{HOST}:{port}/metrics")
-        answer.raise_for_status()
+            raise RuntimeError(
+                f"{path}: {len(answers)} of {count} frontends answered in {timeout_s} s"
+            )
+        try:
+            with httpx.Client(timeout=30) as client:
+                answer = client.get(f"http://{HOST}:{port}{path}")
+        except httpx.TransportError:  # (not listening yet)
+            time.sleep(0.1)
+            continue
+        if answer.status_code == 200:
+            answers.setdefault(answer.headers.get(HEADER, "single"), answer)
+        else:
+            time.sleep(0.1)
+    return answers
+
+
+def _commits(port: int, count: int) -> tuple[int, int]:
+    """(commits over ``SLOW_COMMIT_S``, all commits), summed over the frontends: each counts its
+    own in its ``/metrics``."""
+    slow = every = 0
+    for answer in _every_frontend(port, count, "/metrics", 60.0).values():
         counts = commit_counts(answer.text)
         if counts is None:
             raise RuntimeError("/metrics has no commit latency histogram")
-        seen.setdefault(answer.headers.get(HEADER, "single"), counts)
-    return sum(slow for slow, _ in seen.values()), sum(every for _, every in seen.values())
-
-
-def _wait_frontends(port: int, count: int, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
-    """Until ``count`` distinct frontends have answered ``/health`` 200 (new connections)."""
-    seen: set[str] = set()
-    deadline = time.monotonic() + timeout_s
-    while len(seen) < count:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited ({proc.returncode})")
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{len(seen)} of {count} frontends ready after {timeout_s} s")
-        try:
-            with httpx.Client(timeout=5) as client:
-                answer = client.get(f"http://{HOST}:{port}/health")
-            if answer.status_code == 200:
-                seen.add(answer.headers.get(HEADER, "single"))
-        except httpx.TransportError:
-            time.sleep(0.1)
+        slow, every = slow + counts[0], every + counts[1]
+    return slow, every
 
 
 def _run_one(args: argparse.Namespace, count: int, cores: int, workdir: Path) -> dict[str, Any]:
-    name = f"bench_frontends_{uuid.uuid4().hex[:10]}"
-    url = f"postgresql+asyncpg://postgres@{POSTGRES_HOST}:{POSTGRES_PORT}/{name}"
-    asyncio.run(_admin(f'CREATE DATABASE "{name}"'))
+    database = _PostgresDatabase()  # a fresh database a run, as ``bench run``'s
+    database.create()
+    url = database.url
     script = ledger_script(workdir, args.tokens, args.token_delay_ms)["script"]
     port = _free_port()
     server_cpus = list(range(count))
@@ -175,16 +139,16 @@ def _run_one(args: argparse.Namespace, count: int, cores: int, workdir: Path) ->
         stderr=log,
     )
     try:
-        _wait_frontends(port, count, server, args.startup_timeout)
+        _every_frontend(port, count, "/health", args.startup_timeout, server)
         streams = args.streams_per_frontend * count
         per_loadgen = [
             streams // args.loadgens + (i < streams % args.loadgens) for i in range(args.loadgens)
         ]
         per_worker = max(1, -(-args.total_tokens * count // (streams * args.tokens)))
         body = json.dumps(ledger_body(args.tokens))
-        commits0 = _commits_of_every_frontend(port, count)
-        db0 = _database_cpu(name)
-        cpu0 = _cpu_ticks(server.pid)
+        commits0 = _commits(port, count)
+        db0 = database.backend_cpu()
+        cpu0 = _tree_cpu_s(server.pid)
         loadgens = []
         for i, concurrency in enumerate(per_loadgen):
             out = workdir / f"loadgen-{count}-{i}.json"
@@ -200,9 +164,9 @@ def _run_one(args: argparse.Namespace, count: int, cores: int, workdir: Path) ->
             if proc.wait() != 0:
                 raise RuntimeError(f"a load generator failed ({proc.returncode})")
             reports.append(json.loads(out.read_text()))
-        server_cpu_s = (_cpu_ticks(server.pid) - cpu0) / os.sysconf("SC_CLK_TCK")
-        db_cpu_s = _delta_s(db0, _database_cpu(name))
-        commits1 = _commits_of_every_frontend(port, count)
+        server_cpu_s = _delta_s(cpu0, _tree_cpu_s(server.pid))
+        db_cpu_s = _delta_s(db0, database.backend_cpu())
+        commits1 = _commits(port, count)
     finally:
         server.terminate()
         try:
@@ -211,7 +175,7 @@ def _run_one(args: argparse.Namespace, count: int, cores: int, workdir: Path) ->
             server.kill()
             server.wait()
         log.close()
-        asyncio.run(_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        database.drop()
     t0 = min(r["t0_ns"] for r in reports)
     t1 = max(r["t1_ns"] for r in reports)
     tokens = sum(r["tokens"] for r in reports)

@@ -24,6 +24,7 @@
 # Environment: OUT [/tmp/lent-out], BUDGET_S: seconds this script may take in all [540],
 #   FRONTENDS [1,2,4,8], LOADGENS [6], STREAMS_PER_FRONTEND [512], FRONTEND_REPS [2],
 #   STAGES: which of frontends,paced,unpaced to run [all three, in that order],
+#   WHEELS [.whl]: the wheels to install; without the folder, the caller's packages are used,
 #   PGDATA_PARENT: where PostgreSQL's cluster goes [/tmp]; /dev/shm puts it in memory, where a
 #     commit waits for no disk (not durable: for telling the disk's share from the frontends').
 #   PGPORT [5432]: PostgreSQL is started on 127.0.0.1:PGPORT unless something listens there
@@ -73,9 +74,10 @@ EOF
 } | tee "$OUT/machine.txt"
 
 # -- Python packages ---------------------------------------------------------------------------
-if [[ -d .whl ]]; then
+WHEELS="${WHEELS:-.whl}"
+if [[ -d "$WHEELS" ]]; then
     "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target /tmp/site .whl/*.whl || { echo "wheel install failed" >&2; exit 1; }
+        --target /tmp/site "$WHEELS"/*.whl || { echo "wheel install failed" >&2; exit 1; }
     export PYTHONPATH="/tmp/site:$REPO"
 else
     export PYTHONPATH="$REPO"

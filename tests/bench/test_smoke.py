@@ -12,11 +12,20 @@ import pytest
 from bench.targets import REPO_ROOT
 
 
+def _run(argv: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``argv`` run from the repository's root as a user would; it must exit 0."""
+    proc = subprocess.run(
+        argv, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-3000:])
+    return proc
+
+
 @pytest.mark.slow
 def test_run_naive_targets_end_to_end(tmp_path):
     out = tmp_path / "bench.json"
     results = tmp_path / "RESULTS.md"
-    proc = subprocess.run(
+    _run(
         [
             sys.executable,
             "-m",
@@ -47,13 +56,7 @@ def test_run_naive_targets_end_to_end(tmp_path):
             "--write-results",
             str(results),
         ],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(out.read_text())
     cells = {(s["target"], s["concurrency"]): s for s in report["summaries"]}
     assert set(cells) == {(t, c) for t in ("naive", "naive-c16", "naive-raw") for c in (1, 3)}
@@ -98,16 +101,7 @@ def test_frontends_end_to_end_keeps_the_callers_pythonpath(tmp_path):
         "--streams-per-frontend", "4", "--tokens", "20", "--token-delay-ms", "1",
         "--total-tokens", "160", "--max-run-seconds", "20", "--json", str(out),
     ]  # fmt: skip
-    proc = subprocess.run(
-        argv,
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    _run(argv, env)
     (row,) = json.loads(out.read_text())
     assert row["frontends"] == 1 and row["errors"] == 0
     assert row["tokens"] == 160 and row["tokens_per_s"] > 0  # 4 workers x 2 streams x 20
@@ -126,3 +120,26 @@ def test_frontends_shows_the_median_run_and_of_two_the_slower():
     assert _median_run(runs) == {"tokens_per_s": 7.0, "n": 2, "runs_tokens_per_s": [9.0, 7.0]}
     three = [*runs, {"tokens_per_s": 8.0, "n": 3}]
     assert _median_run(three)["n"] == 3
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+def test_lent_machine_script_records_the_machine_and_finds_postgres(tmp_path):
+    """``bench/gpu/lent_machine.sh`` as an operator starts it, here with no stage to run: with
+    no wheels folder it uses the caller's Python and packages, and PostgreSQL already listens on
+    5432, so it starts none; what it records of the machine comes back in ``machine.txt``."""
+    out = tmp_path / "out"
+    env = {
+        **os.environ,
+        "OUT": str(out),
+        "STAGES": "none",
+        "PYTHON": sys.executable,
+        "WHEELS": str(tmp_path / "no-wheels"),
+    }
+    proc = _run(["bash", "bench/gpu/lent_machine.sh"], env)
+    machine = (out / "machine.txt").read_text()
+    assert f"cores: {os.cpu_count()}" in machine
+    assert "fdatasync of 20 KB appends on /tmp:" in machine and "over 100 ms:" in machine
+    assert "uvloop:" in machine
+    assert "postgres 1" in proc.stdout and "synchronous_commit on" in proc.stdout
+    assert proc.stdout.rstrip().endswith("done")
