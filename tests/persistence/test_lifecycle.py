@@ -2,7 +2,13 @@ from __future__ import annotations
 
 import dataclasses
 
-from persistence.lifecycle import RowUpdate, row_update
+from persistence.lifecycle import (
+    TERMINAL_STATUSES,
+    UNFINISHED_STATUSES,
+    RowUpdate,
+    initial_status,
+    row_update,
+)
 from persistence.records import StoredEvent
 from tests.persistence.factories import completed, created, delta, failed, incomplete
 
@@ -58,3 +64,17 @@ def test_values_are_the_columns_in_the_update_statements_order() -> None:
     update = RowUpdate("failed", 7, 1, 2, 3, "server_error", None)
     assert update.values() == dataclasses.astuple(update)
     assert len(update.values()) == len(dataclasses.fields(RowUpdate))
+
+
+def test_an_opening_event_never_gives_the_row_a_status_outside_the_unfinished_ones() -> None:
+    # The sweeps find unfinished responses by these statuses (the ``status`` index): a row
+    # marked ended, or with a status nobody looks for, before its terminal event would never be
+    # repaired.
+    for status in ("completed", "failed", "requires_action", 7):
+        event = StoredEvent(1, "response.in_progress", {"response": {"status": status}})
+        assert row_update(event) is None
+    for status in sorted(UNFINISHED_STATUSES):
+        update = row_update(StoredEvent(0, "response.created", {"response": {"status": status}}))
+        assert update is not None and update.status == status
+    assert initial_status(True) in UNFINISHED_STATUSES and initial_status(False) in UNFINISHED_STATUSES
+    assert not UNFINISHED_STATUSES & TERMINAL_STATUSES

@@ -8,10 +8,11 @@ import contextlib
 import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import pytest
-from sqlalchemy import text
+from sqlalchemy import event, text
 
 from persistence.errors import ConcurrencyError, StoreError
 from persistence.migrate import current_async
@@ -382,3 +383,64 @@ async def test_postgres_queries_are_not_jit_compiled(clean_postgres_url: str) ->
             assert (await conn.execute(text("SHOW jit"))).scalar_one() == "off"
     finally:
         await store.close()
+
+
+async def test_the_periodic_queries_for_unfinished_responses_read_the_status_index(sql_url: str) -> None:
+    # Every replica runs these every second or so (the orphan sweep, its cancel requests): a
+    # scan of ``responses`` would cost the database time in proportion to every response ever
+    # stored (measured: 110 ms a sweep at a million rows on PostgreSQL, against 0.8 through the
+    # index). Each statement the store sends is explained on its own database.
+    store = await open_store(sql_url)
+    sent: list[tuple[str, Any]] = []
+
+    def record(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, many: bool) -> None:
+        if "FROM responses" in statement:
+            sent.append((statement, parameters))
+
+    engine = store._reader.sync_engine
+    event.listen(engine, "before_cursor_execute", record)
+    try:
+        await _started(store)
+        assert len(await store.unfinished(owned_by_others_than=["rep_a"])) == 1
+        assert await store.cancel_requests("rep_a") == []
+    finally:
+        event.remove(engine, "before_cursor_execute", record)
+        await store.close()
+    assert len(sent) == 2
+    for statement, parameters in sent:
+        plan = await _plan(sql_url, statement, parameters)
+        assert "ix_responses_status" in plan, (statement, plan)
+
+
+async def _plan(url: str, statement: str, parameters: Any) -> str:
+    """The database's plan for ``statement``, as text: SQLite's with the statistics ``ANALYZE``
+    leaves for a million responses, half of them of one status (what SQLite's statistics say
+    of a table where nearly all are ``completed``); PostgreSQL's with sequential scans made as
+    dear as they go, so a plan names an index wherever one can answer."""
+    if url.startswith("sqlite"):
+        path = url.split("///", 1)[1]
+        connection = sqlite3.connect(path)
+        try:
+            connection.execute("ANALYZE")
+            connection.execute("DELETE FROM sqlite_stat1 WHERE tbl = 'responses'")
+            connection.executemany(
+                "INSERT INTO sqlite_stat1 VALUES ('responses', ?, ?)",
+                [(name, "1000000 1") for name in ("sqlite_autoindex_responses_1", "ix_responses_created_at")]
+                + [("ix_responses_status", "1000000 500000"), (None, "1000000")],
+            )
+            connection.commit()
+        finally:
+            connection.close()
+        connection = sqlite3.connect(path)  # (statistics are read when a connection opens)
+        try:
+            rows = connection.execute(f"EXPLAIN QUERY PLAN {statement}", tuple(parameters)).fetchall()
+        finally:
+            connection.close()
+        return "\n".join(str(row[-1]) for row in rows)
+    pg = await asyncpg.connect(url.replace("postgresql+asyncpg", "postgresql"))
+    try:
+        await pg.execute("SET enable_seqscan = off")
+        rows = await pg.fetch(f"EXPLAIN {statement}", *parameters)
+    finally:
+        await pg.close()
+    return "\n".join(row[0] for row in rows)

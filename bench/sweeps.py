@@ -1,0 +1,176 @@
+"""What a replica's periodic queries cost once the database holds many finished responses.
+
+Usage: ``python -m bench.sweeps [--rows 1000000] [--backend sqlite|postgres|both] [--reps 5]``.
+
+Every replica asks the database, every heartbeat (1 s), which responses are unfinished and
+owned by no live replica (the orphan sweep, ``app.repair``), and, every few seconds or when its
+doorbell rings, which of its own responses someone asked to cancel (``app.remote_cancel``).
+Both look for the few unfinished rows among all the rows ever stored, so their cost must follow
+the unfinished rows, not the table. This script fills a migrated database with ``--rows``
+responses (one in 10,000 unfinished, a third owned by one replica), runs ``ANALYZE`` (what an
+operator's maintenance, or PostgreSQL's autovacuum, does), and times the store's own calls
+(``SqlStore.unfinished``, ``SqlStore.cancel_requests``) as the server makes them: the median
+wall time of ``--reps`` calls each, and the database's plan for the statement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sqlite3
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+from sqlalchemy import event
+
+from bench.harness import _PostgresDatabase
+from persistence.migrate import upgrade_async
+from persistence.sql import SqlStore, open_store
+
+__all__ = ["main", "measure"]
+
+#: One response in this many is unfinished; one in three is owned by ``_OWNER``.
+_UNFINISHED_EVERY = 10_000
+_OWNER = "rep_sweeps"
+
+_FILL_POSTGRES = """
+INSERT INTO responses (id, model, status, created_at, background, request, owner)
+SELECT 'resp_' || g, 'm', CASE WHEN g % $2 = 0 THEN 'in_progress' ELSE 'completed' END,
+       1700000000 + g, false, '{}'::jsonb, CASE WHEN g % 3 = 0 THEN $3 END
+FROM generate_series(1, $1) AS g
+"""
+
+
+def _fill_sqlite(path: str, rows: int) -> None:
+    con = sqlite3.connect(path)
+    try:
+        con.executemany(
+            "INSERT INTO responses (id, model, status, created_at, background, request, owner)"
+            " VALUES (?, 'm', ?, ?, 0, '{}', ?)",
+            (
+                (
+                    f"resp_{g}",
+                    "in_progress" if g % _UNFINISHED_EVERY == 0 else "completed",
+                    1_700_000_000 + g,
+                    _OWNER if g % 3 == 0 else None,
+                )
+                for g in range(1, rows + 1)
+            ),
+        )
+        con.commit()
+        con.execute("ANALYZE")
+    finally:
+        con.close()
+
+
+async def _fill_postgres(dsn: str, rows: int) -> None:
+    con = await asyncpg.connect(dsn)
+    try:
+        await con.execute(_FILL_POSTGRES, rows, _UNFINISHED_EVERY, _OWNER)
+        await con.execute("ANALYZE responses")
+    finally:
+        await con.close()
+
+
+async def _plan(url: str, statement: str, parameters: Any) -> str:
+    if url.startswith("sqlite"):
+        con = sqlite3.connect(url.split("///", 1)[1])
+        try:
+            rows = con.execute(f"EXPLAIN QUERY PLAN {statement}", tuple(parameters)).fetchall()
+        finally:
+            con.close()
+        return "; ".join(str(row[-1]) for row in rows)
+    pg = await asyncpg.connect(url.replace("postgresql+asyncpg", "postgresql"))
+    try:
+        rows = await pg.fetch(f"EXPLAIN {statement}", *parameters)
+    finally:
+        await pg.close()
+    return "; ".join(row[0].strip() for row in rows if "Scan" in row[0])
+
+
+async def _time_calls(store: SqlStore, url: str, reps: int) -> dict[str, Any]:
+    sent: list[tuple[str, Any]] = []
+
+    def record(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, many: bool) -> None:
+        sent.append((statement, parameters))
+
+    calls = {
+        "sweep": lambda: store.unfinished(owned_by_others_than=["rep_other"]),
+        "cancel_requests": lambda: store.cancel_requests(_OWNER),
+    }
+    out: dict[str, Any] = {}
+    engine = store._reader.sync_engine
+    for name, call in calls.items():
+        times, found = [], 0
+        for _ in range(reps):
+            started = time.perf_counter()
+            found = len(await call())
+            times.append(time.perf_counter() - started)
+        sent.clear()
+        event.listen(engine, "before_cursor_execute", record)
+        try:
+            await call()
+        finally:
+            event.remove(engine, "before_cursor_execute", record)
+        statement, parameters = sent[-1]
+        out[name] = {
+            "ms": statistics.median(times) * 1e3,
+            "rows": found,
+            "plan": await _plan(url, statement, parameters),
+        }
+    return out
+
+
+async def measure(url: str, rows: int, reps: int) -> dict[str, Any]:
+    """Fill the empty database at ``url`` with ``rows`` responses and time the calls."""
+    await upgrade_async(url)
+    started = time.perf_counter()
+    if url.startswith("sqlite"):
+        _fill_sqlite(url.split("///", 1)[1], rows)
+    else:
+        await _fill_postgres(url.replace("postgresql+asyncpg", "postgresql"), rows)
+    filled_s = time.perf_counter() - started
+    store = await open_store(url, migrate=False)
+    try:
+        calls = await _time_calls(store, url, reps)
+    finally:
+        await store.close()
+    return {"rows": rows, "fill_s": filled_s, **calls}
+
+
+def _run(backend: str, rows: int, reps: int) -> dict[str, Any]:
+    if backend == "sqlite":
+        with tempfile.TemporaryDirectory(prefix="bench-sweeps-") as tmp:
+            return asyncio.run(measure(f"sqlite+aiosqlite:///{Path(tmp) / 'ledger.db'}", rows, reps))
+    database = _PostgresDatabase()
+    database.create()
+    try:
+        return asyncio.run(measure(database.url, rows, reps))
+    finally:
+        database.drop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.sweeps", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--backend", choices=("sqlite", "postgres", "both"), default="both")
+    parser.add_argument("--reps", type=int, default=5)
+    args = parser.parse_args(argv)
+    backends = ("sqlite", "postgres") if args.backend == "both" else (args.backend,)
+    print(f"{args.rows:,} responses, one in {_UNFINISHED_EVERY:,} unfinished; median of {args.reps} calls")
+    print("| store | call | ms | rows | plan |")
+    print("|---|---|--:|--:|---|")
+    for backend in backends:
+        result = _run(backend, args.rows, args.reps)
+        for name in ("sweep", "cancel_requests"):
+            call = result[name]
+            print(f"| {backend} | {name} | {call['ms']:.2f} | {call['rows']} | {call['plan']} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
