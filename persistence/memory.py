@@ -283,11 +283,11 @@ class MemoryStore:
             row = await self.get(current)
             if row is None or (project is not None and row.project != project):
                 raise NotFound(f"no response {current!r} (in the chain of {response_id!r})")
-            events = [
-                e.stored()
-                for e in self._events[current]
-                if e.type == OUTPUT_ITEM_DONE or e.type in TERMINAL_EVENT_TYPES
-            ]
+            log = self._events[current]
+            if log and log[-1].type in TERMINAL_EVENT_TYPES:
+                events = [log[-1].stored()]
+            else:
+                events = [e.stored() for e in log if e.type == OUTPUT_ITEM_DONE]
             items = [json.loads(i.item_json) for i in self._inputs[current]]
             links.append(ChainLink(row, items, events))
             current = row.previous_response_id

@@ -239,8 +239,9 @@ class ApiKeyRow:
 class ChainLink:
     """One response of a ``previous_response_id`` chain, as needed to replay it.
 
-    ``events`` holds only this response's ``response.output_item.done`` events and its
-    terminal event, in ``seq`` order.
+    ``events``: an ended response's terminal event alone (its snapshot holds the whole
+    output); for one still generating, its ``response.output_item.done`` events so far, in
+    ``seq`` order (a long chain is replayed without reading every delta of every turn).
     """
 
     row: ResponseRow

@@ -15,6 +15,7 @@ from collections.abc import Callable
 import pytest
 
 from persistence.errors import ConcurrencyError, NotFound, StoreError
+from persistence.lifecycle import OUTPUT_ITEM_DONE
 from persistence.records import ApiKeyRow, AuditRecord, StoredEvent
 from persistence.store import EventStore
 from tests.persistence.factories import (
@@ -435,15 +436,24 @@ class EventStoreContract:
 
         chain = await store.load_chain(third)
         assert [link.row.id for link in chain] == [first, second, third]
-        assert [e.seq for e in chain[0].events] == [3, 4, 5]
-        assert [e.type for e in chain[0].events] == [
-            "response.output_item.done",
-            "response.output_item.done",
-            "response.completed",
-        ]
-        assert chain[0].events[1].payload["item"]["call_id"] == "call_1"
-        assert [e.seq for e in chain[1].events] == [1, 2]
-        assert chain[2].events == []
+        # an ended response: its terminal event alone (its snapshot holds the output)
+        assert [(e.seq, e.type) for e in chain[0].events] == [(5, "response.completed")]
+        assert [(e.seq, e.type) for e in chain[1].events] == [(2, "response.completed")]
+        assert chain[2].events == []  # generating, nothing finished yet
+        await store.append(
+            third,
+            [
+                delta(1, "x"),
+                message_done(2, "x", item_id="msg_3"),
+                function_call_done(
+                    3, item_id="fc_3", call_id="call_3", name="f", arguments="{}", output_index=1
+                ),
+            ],
+            1,
+        )
+        generating = (await store.load_chain(third))[2].events
+        assert [(e.seq, e.type) for e in generating] == [(2, OUTPUT_ITEM_DONE), (3, OUTPUT_ITEM_DONE)]
+        assert generating[1].payload["item"]["call_id"] == "call_3"
         assert chain[1].input_items == second_new.input_items
         assert chain[2].input_items == third_new.input_items
         assert chain[0].row.status == "completed" and chain[2].row.last_seq == 0
@@ -671,6 +681,16 @@ class EventStoreContract:
         assert [e.seq for e in found[one]] == [1, 2] and found[one][1].payload["delta"] == "b"
         assert found[two] == [] and [e.type for e in found[three]] == ["response.created"]
         assert found.get("resp_nope", []) == []
+
+    async def test_load_after_reads_a_thousand_logs_at_once(self, store: EventStore) -> None:
+        # followers of this many logs can be woken together (SQLite refused such a batch whole,
+        # "Expression tree is too large", when it was one statement of as many ORs)
+        ids = list(await asyncio.gather(*(_started(store) for _ in range(1_200))))
+        await store.append(ids[-1], [delta(1, "z")], 1)
+        found = await store.load_after({rid: -1 for rid in ids[:-1]} | {ids[-1]: 0})
+        assert len(found) == 1_200
+        assert all([e.type for e in found[rid]] == ["response.created"] for rid in ids[:-1])
+        assert [e.seq for e in found[ids[-1]]] == [1]
 
     async def test_exactly_one_claim_wins_and_the_epoch_goes_up(self, store: EventStore) -> None:
         new = dataclasses.replace(new_response(), owner="rep_a")
