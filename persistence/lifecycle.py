@@ -42,8 +42,8 @@ TERMINAL_STATUSES = frozenset(_TERMINAL_STATUS_BY_TYPE.values())
 #: Every status a row has before its terminal event: a row's status is always one of these or
 #: of ``TERMINAL_STATUSES``. The periodic queries for unfinished responses (the orphan sweep, a
 #: replica's cancel requests) name these, so they read the ``status`` index: ``status NOT IN``
-#: the terminal ones scans the whole table (110 ms at a million rows on PostgreSQL, every
-#: heartbeat on every replica; bench/RESULTS.md).
+#: the terminal ones scans the whole table (97-149 ms at a million rows, every heartbeat on
+#: every replica; ``python -m bench.sweeps``).
 UNFINISHED_STATUSES = frozenset({"queued", "in_progress"})
 LIFECYCLE_EVENT_TYPES = TERMINAL_EVENT_TYPES | {
     "response.created",

@@ -1844,6 +1844,8 @@ _chain = _chain.union_all(
         _chain.c.depth + 1,
     ).where(_chain.c.chain_id.is_not(None), _chain.c.depth <= _MAX_CHAIN)
 )
+
+
 def _last_event(column: Any, label: str) -> Any:
     """``column`` of a response's last event (a backward look-up of the key, one row)."""
     return (
