@@ -14,6 +14,7 @@ import asyncpg
 import pytest
 from sqlalchemy import event, text
 
+from bench.sweeps import plan
 from persistence.errors import ConcurrencyError, StoreError
 from persistence.migrate import current_async
 from persistence.records import AuditRecord, StoredEvent
@@ -462,16 +463,4 @@ async def _plan(url: str, statement: str, parameters: Any) -> str:
             connection.commit()
         finally:
             connection.close()
-        connection = sqlite3.connect(path)  # (statistics are read when a connection opens)
-        try:
-            rows = connection.execute(f"EXPLAIN QUERY PLAN {statement}", tuple(parameters)).fetchall()
-        finally:
-            connection.close()
-        return "\n".join(str(row[-1]) for row in rows)
-    pg = await asyncpg.connect(url.replace("postgresql+asyncpg", "postgresql"))
-    try:
-        await pg.execute("SET enable_seqscan = off")
-        rows = await pg.fetch(f"EXPLAIN {statement}", *parameters)
-    finally:
-        await pg.close()
-    return "\n".join(row[0] for row in rows)
+    return "\n".join(await plan(url, statement, parameters, seqscan=False))
