@@ -159,6 +159,15 @@ _RETRY_CAP_S = 1.0
 _MAX_CHAIN = 100_000
 #: Logs read by one SQLite statement of ``load_after`` (see there).
 _SQLITE_TAIL_BATCH = 200
+#: The most values one statement's ``IN`` list takes: asyncpg refuses a statement of more than
+#: 32,767 arguments, SQLite one of more than 32,766 variables, and a request can name more ids
+#: than that (its item references, a conversation's new items): such a list is read in parts.
+_IN_PART = 10_000
+
+
+def _parts(values: Sequence[Any], size: int = _IN_PART) -> list[Sequence[Any]]:
+    """``values`` in consecutive parts of at most ``size`` (none if it is empty)."""
+    return [values[i : i + size] for i in range(0, len(values), size)]
 
 
 async def open_store(
@@ -1185,7 +1194,7 @@ class SqlStore:
                 select(e.c.response_id, e.c.seq, e.c.type, cast(e.c.payload, Text))
                 .where(or_(*((e.c.response_id == rid) & (e.c.seq > afters[rid]) for rid in part)))
                 .order_by(e.c.response_id, e.c.seq)
-                for part in (ids[i : i + _SQLITE_TAIL_BATCH] for i in range(0, len(ids), _SQLITE_TAIL_BATCH))
+                for part in _parts(ids, _SQLITE_TAIL_BATCH)
             ]
         async with self._read() as conn:
             for query in queries:
@@ -1262,8 +1271,10 @@ class SqlStore:
         ids = sorted({i for i in item_ids if _possible_id(i)})
         if not ids or not _possible_id(project):
             return {}
+        rows = []
         async with self._read() as conn:
-            rows = [row for row in await conn.execute(_FIND_ITEMS, {"ids": ids}) if row[6] == project]
+            for part in _parts(ids):
+                rows += [row for row in await conn.execute(_FIND_ITEMS, {"ids": part}) if row[6] == project]
         # by id, the output item first, then the newest response (``persistence.item_index``)
         rows.sort(key=lambda row: (row[0], row[2] != "output", -(row[7] or 0), row[1]))
         return pick(row[:6] for row in rows)

@@ -7,13 +7,16 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import httpx
 import openai
 import pytest
 from openai import OpenAI
 
 from app.encoding import load_encoding
 from app.engines.scripted import ScriptedEngine
+from app.settings import Settings
 from tests.e2e.conftest import MODEL, harmony
+from tests.support.server import serve
 
 TOOL = {
     "type": "function",
@@ -130,3 +133,28 @@ def test_a_reference_to_an_item_a_conversation_holds(client: OpenAI, engine: Scr
     client.conversations.delete(conversation.id)
     with pytest.raises(openai.BadRequestError):
         client.responses.create(model=MODEL, input=[_ref(first.id)])
+
+
+@pytest.mark.postgres
+def test_more_references_than_one_statement_can_take_are_a_400_on_postgresql(pg_url: str) -> None:
+    # 40,000 references are more arguments than a PostgreSQL statement takes: the look-up was a
+    # 503 "the database is unavailable" (and the SDK retries a 503) instead of the answer
+    engine = ScriptedEngine(load_encoding(), [MODEL], {"turns": []})
+    settings = Settings(engine="scripted", database_url=pg_url, served_model_names=(MODEL,))
+    with serve(settings, engine=engine) as server, OpenAI(
+        base_url=server.base_url + "/v1", api_key="k", max_retries=0, timeout=60
+    ) as client:
+        engine.add_turns({"completion": harmony(("final", "Noted."))})
+        first = client.responses.create(model=MODEL, input="REMEMBER-THIS")
+        kept = client.responses.input_items.list(first.id).data[0].id
+        missing = [_ref(f"msg_none_{n}") for n in range(40_000)]
+        with pytest.raises(openai.BadRequestError) as caught:  # (the SDK's own request, without
+            # its typed parameters' transform: 20 s of the client's CPU for 40,000 items)
+            client.post(
+                "/responses", cast_to=httpx.Response, body={"model": MODEL, "input": [_ref(kept), *missing]}
+            )
+        error: Any = caught.value.body
+        assert (error["param"], error["message"]) == ("input[1].id", "No item found with id 'msg_none_0'")
+        engine.add_turns({"completion": harmony(("final", "Still here."))})
+        again = client.responses.create(model=MODEL, input=[_ref(kept), {"role": "user", "content": "ok?"}])
+        assert again.output_text == "Still here." and "REMEMBER-THIS" in _decode(engine.prompts[-1])

@@ -500,6 +500,16 @@ class EventStoreContract:
         again = await store.find_items(["msg_a"], project="default")
         assert again["msg_a"].response_id == first.id and again["msg_a"].source == "output"
 
+    async def test_find_items_takes_more_ids_than_one_statement_can(self, store: EventStore) -> None:
+        # a request may reference that many items (the drivers refuse a statement of over 32,767
+        # arguments: it was a 503, "the database is unavailable", on PostgreSQL)
+        first = new_response(input_items=[user_message("question", item_id="msg_q")])
+        await store.create_response(first)
+        await store.append(first.id, [created(first.id)], 0)
+        ids = [f"msg_none_{n}" for n in range(40_000)] + ["msg_q"]
+        found = await store.find_items(ids, project="default")
+        assert list(found) == ["msg_q"] and found["msg_q"].response_id == first.id
+
     async def test_find_items_is_scoped_to_a_project_and_gone_with_its_response(
         self, store: EventStore
     ) -> None:

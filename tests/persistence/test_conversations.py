@@ -145,6 +145,18 @@ async def test_find_items_sees_what_the_projects_conversations_hold_now(
     assert await store.find_items([], "alpha") == {}
 
 
+async def test_more_ids_than_one_statement_can_take(store: ConversationStore) -> None:
+    # a request may name that many items (the drivers refuse a statement of over 32,767
+    # arguments: it was a 503, "the database is unavailable", on PostgreSQL)
+    await store.create(_row("conv_1"), [_message("msg_a", "one")])
+    found = await store.find_items([f"msg_none_{n}" for n in range(40_000)] + ["msg_a"], "alpha")
+    assert found == {"msg_a": _message("msg_a", "one")}
+    new = [_message(f"msg_new_{n}", "x") for n in range(12_000)]
+    with pytest.raises(DuplicateItem):  # the id already held comes in the second part
+        await store.append("conv_1", "alpha", [*new, _message("msg_a", "again")])
+    assert [item["id"] for item in await store.items("conv_1", "alpha")] == ["msg_a"]
+
+
 async def test_concurrent_appends_to_one_conversation_all_land(store: ConversationStore) -> None:
     """Two writers never take the same seq: every append lands, each one whole."""
     await store.create(_row(), [])
