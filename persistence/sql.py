@@ -1228,8 +1228,9 @@ class SqlStore:
                 raise NotFound(f"no response {foreign[0]!r} (in the chain of {response_id!r})")
             ids = [link.id for link in chain]
             items: dict[str, list[JsonObject]] = {rid: [] for rid in ids}
-            for rid, item in await conn.execute(_CHAIN_ITEMS, {"ids": ids}):
-                items[rid].append(item)
+            for part in _parts(ids):
+                for rid, item in await conn.execute(_CHAIN_ITEMS, {"ids": part}):
+                    items[rid].append(item)
             # an ended response's last event is its terminal one, whose snapshot holds the whole
             # output (read with the chain); only one still generating has its finished items
             # read one by one
@@ -1241,8 +1242,9 @@ class SqlStore:
                 else:
                     generating.append(link.id)
             if generating:
-                for rid, seq, type_, text in await conn.execute(_CHAIN_EVENTS, {"ids": generating}):
-                    events[rid].append(StoredEvent(seq, type_, None, text))
+                for part in _parts(generating):
+                    for rid, seq, type_, text in await conn.execute(_CHAIN_EVENTS, {"ids": part}):
+                        events[rid].append(StoredEvent(seq, type_, None, text))
         return [
             ChainLink(_response_row(link), items[link.id], events[link.id])
             for link in reversed(chain)
