@@ -107,6 +107,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--no-warmup", action="store_true")
     run.add_argument(
+        "--history",
+        type=int,
+        default=0,
+        help="the ledger's database holds this many finished responses (ANALYZE-d) before its "
+        "server starts: the costs that grow with what a server in service has stored",
+    )
+    run.add_argument(
         "--stagger",
         action="store_true",
         help="paced runs: spread the streams' starts over one stream's duration (tokens x "
@@ -180,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         stagger=args.stagger,
         keep_workdirs=args.keep_workdirs,
         profile_dir=args.profile,
+        history=args.history,
     )
     command = shlex.join(["python", "-m", "bench", *(sys.argv[1:] if argv is None else argv)])
     results = run_matrix(selected, config)

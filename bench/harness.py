@@ -123,6 +123,10 @@ class MatrixConfig:
     #: profiles here, ``<target>-c<C>-round<R>-rep<K>.prof`` with a ``.json`` of the run's
     #: tokens and streams (``bench.cpu_split`` reads them). Those runs' CPU figures are inflated.
     profile_dir: Path | None = None
+    #: The ledger's database holds this many finished responses before its server starts
+    #: (``bench.sweeps.fill``, then ``ANALYZE``): what a server in service has stored, for
+    #: the costs that grow with it (the periodic sweeps, the planners' choices).
+    history: int = 0
     log: Callable[[str], None] = field(
         default=lambda line: print(line, file=sys.stderr, flush=True)
     )
@@ -680,6 +684,12 @@ def _run_target(
     results: list[RunResult] = []
     try:
         database.create()
+        if config.history and target.database in ("sqlite", "postgres"):
+            from bench.sweeps import fill  # (it imports the store: only for this)
+
+            started = time.monotonic()
+            asyncio.run(fill(database.url, config.history, unfinished_every=config.history + 1))
+            config.log(f"  {config.history:,} stored responses in {time.monotonic() - started:.1f} s")
         port = _free_port()
         values = placeholders(HOST, port, workdir, database.url, config.token_delay_ms)
         values.update(target.prepare(workdir, config.tokens, config.token_delay_ms))

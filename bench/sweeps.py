@@ -31,7 +31,7 @@ from bench.harness import _PostgresDatabase
 from persistence.migrate import upgrade_async
 from persistence.sql import SqlStore, open_store
 
-__all__ = ["main", "measure", "plan"]
+__all__ = ["fill", "main", "measure", "plan"]
 
 #: One response in this many is unfinished; one in three is owned by ``_OWNER``.
 _UNFINISHED_EVERY = 10_000
@@ -45,7 +45,7 @@ FROM generate_series(1, $1) AS g
 """
 
 
-def _fill_sqlite(path: str, rows: int) -> None:
+def _fill_sqlite(path: str, rows: int, unfinished_every: int) -> None:
     con = sqlite3.connect(path)
     try:
         con.executemany(
@@ -54,7 +54,7 @@ def _fill_sqlite(path: str, rows: int) -> None:
             (
                 (
                     f"resp_{g}",
-                    "in_progress" if g % _UNFINISHED_EVERY == 0 else "completed",
+                    "in_progress" if g % unfinished_every == 0 else "completed",
                     1_700_000_000 + g,
                     _OWNER if g % 3 == 0 else None,
                 )
@@ -67,13 +67,24 @@ def _fill_sqlite(path: str, rows: int) -> None:
         con.close()
 
 
-async def _fill_postgres(dsn: str, rows: int) -> None:
+async def _fill_postgres(dsn: str, rows: int, unfinished_every: int) -> None:
     con = await asyncpg.connect(dsn)
     try:
-        await con.execute(_FILL_POSTGRES, rows, _UNFINISHED_EVERY, _OWNER)
+        await con.execute(_FILL_POSTGRES, rows, unfinished_every, _OWNER)
         await con.execute("ANALYZE responses")
     finally:
         await con.close()
+
+
+async def fill(url: str, rows: int, *, unfinished_every: int = _UNFINISHED_EVERY) -> None:
+    """Migrate the database at ``url`` and store ``rows`` responses in it (one in
+    ``unfinished_every`` unfinished; more than ``rows``: none), then ``ANALYZE`` it. Their rows
+    only, no events: what the periodic queries and the planners see of a long history."""
+    await upgrade_async(url)
+    if url.startswith("sqlite"):
+        _fill_sqlite(url.split("///", 1)[1], rows, unfinished_every)
+    else:
+        await _fill_postgres(url.replace("postgresql+asyncpg", "postgresql"), rows, unfinished_every)
 
 
 async def plan(url: str, statement: str, parameters: Any, *, seqscan: bool = True) -> list[str]:
@@ -134,12 +145,8 @@ async def _time_calls(store: SqlStore, url: str, reps: int) -> dict[str, Any]:
 
 async def measure(url: str, rows: int, reps: int) -> dict[str, Any]:
     """Fill the empty database at ``url`` with ``rows`` responses and time the calls."""
-    await upgrade_async(url)
     started = time.perf_counter()
-    if url.startswith("sqlite"):
-        _fill_sqlite(url.split("///", 1)[1], rows)
-    else:
-        await _fill_postgres(url.replace("postgresql+asyncpg", "postgresql"), rows)
+    await fill(url, rows)
     filled_s = time.perf_counter() - started
     store = await open_store(url, migrate=False)
     try:

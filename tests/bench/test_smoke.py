@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import sqlite3
 import subprocess
 import sys
 
@@ -143,3 +145,28 @@ def test_lent_machine_script_records_the_machine_and_finds_postgres(tmp_path):
     assert "uvloop:" in machine
     assert "postgres 1" in proc.stdout and "synchronous_commit on" in proc.stdout
     assert proc.stdout.rstrip().endswith("done")
+
+
+@pytest.mark.slow
+def test_run_with_a_history_serves_over_a_database_that_holds_it():
+    """``--history N``: the ledger's server starts on a database that already holds N finished
+    responses (and measures as usual); the run's own responses come on top."""
+    proc = _run(
+        [
+            sys.executable, "-m", "bench", "run", "--target", "ledger-sqlite", "--history", "500",
+            "--concurrency", "2", "--reps", "1", "--tokens", "20", "--total-tokens", "100",
+            "--no-warmup", "--quiet-timeout", "0", "--server-cpus", "none", "--loadgen-cpus", "none",
+            "--keep-workdirs",
+        ],
+    )  # fmt: skip
+    assert "500 stored responses in" in proc.stderr
+    (kept,) = [line.split("kept ", 1)[1].strip() for line in proc.stderr.splitlines() if "kept " in line]
+    try:
+        connection = sqlite3.connect(f"{kept}/ledger.db")
+        try:
+            statuses = dict(connection.execute("SELECT status, count(*) FROM responses GROUP BY status"))
+        finally:
+            connection.close()
+    finally:
+        shutil.rmtree(kept)
+    assert statuses["completed"] >= 500 + 5 and set(statuses) == {"completed"}
