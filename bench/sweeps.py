@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import sqlite3
 import statistics
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +33,7 @@ from bench.harness import _PostgresDatabase
 from persistence.migrate import upgrade_async
 from persistence.sql import SqlStore, open_store
 
-__all__ = ["fill", "main", "measure", "plan"]
+__all__ = ["fill", "main", "measure", "plan", "statements"]
 
 #: One response in this many is unfinished; one in three is owned by ``_OWNER``.
 _UNFINISHED_EVERY = 10_000
@@ -108,30 +110,38 @@ async def plan(url: str, statement: str, parameters: Any, *, seqscan: bool = Tru
     return [row[0].strip() for row in rows]
 
 
-async def _time_calls(store: SqlStore, url: str, reps: int) -> dict[str, Any]:
+@contextlib.asynccontextmanager
+async def statements(store: SqlStore, marker: str = "") -> AsyncIterator[list[tuple[str, Any]]]:
+    """The statements (with their parameters, as the driver got them) holding ``marker`` that
+    the store's reads send while the block runs."""
     sent: list[tuple[str, Any]] = []
 
     def record(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, many: bool) -> None:
-        sent.append((statement, parameters))
+        if marker in statement:
+            sent.append((statement, parameters))
 
+    engine = store._reader.sync_engine
+    event.listen(engine, "before_cursor_execute", record)
+    try:
+        yield sent
+    finally:
+        event.remove(engine, "before_cursor_execute", record)
+
+
+async def _time_calls(store: SqlStore, url: str, reps: int) -> dict[str, Any]:
     calls = {
         "sweep": lambda: store.unfinished(owned_by_others_than=["rep_other"]),
         "cancel_requests": lambda: store.cancel_requests(_OWNER),
     }
     out: dict[str, Any] = {}
-    engine = store._reader.sync_engine
     for name, call in calls.items():
         times, found = [], 0
         for _ in range(reps):
             started = time.perf_counter()
             found = len(await call())
             times.append(time.perf_counter() - started)
-        sent.clear()
-        event.listen(engine, "before_cursor_execute", record)
-        try:
+        async with statements(store) as sent:
             await call()
-        finally:
-            event.remove(engine, "before_cursor_execute", record)
         statement, parameters = sent[-1]
         out[name] = {
             "ms": statistics.median(times) * 1e3,

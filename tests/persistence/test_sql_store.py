@@ -12,9 +12,9 @@ from typing import Any
 
 import asyncpg
 import pytest
-from sqlalchemy import event, text
+from sqlalchemy import text
 
-from bench.sweeps import plan
+from bench.sweeps import plan, statements
 from persistence.errors import ConcurrencyError, StoreError
 from persistence.migrate import current_async
 from persistence.records import AuditRecord, StoredEvent
@@ -394,7 +394,7 @@ async def test_the_periodic_queries_for_unfinished_responses_read_the_status_ind
     store = await open_store(sql_url)
     try:
         await _started(store)
-        async with _statements(store, "FROM responses") as sent:
+        async with statements(store, "FROM responses") as sent:
             assert len(await store.unfinished(owned_by_others_than=["rep_a"])) == 1
             assert await store.cancel_requests("rep_a") == []
     finally:
@@ -415,7 +415,7 @@ async def test_a_previous_response_chain_is_walked_by_key(sql_url: str) -> None:
         first = await _started(store)
         second = new_response(previous=first)
         await store.create_response(second)
-        async with _statements(store, "WITH RECURSIVE") as sent:
+        async with statements(store, "WITH RECURSIVE") as sent:
             chain = await store.load_chain(second.id)
     finally:
         await store.close()
@@ -425,23 +425,6 @@ async def test_a_previous_response_chain_is_walked_by_key(sql_url: str) -> None:
     for table in ("responses", "response_events"):  # (its last events are read by key too)
         assert f"SCAN {table}" not in plan and f"Seq Scan on {table}" not in plan, plan
     assert "BLOOM" not in plan, plan
-
-
-@contextlib.asynccontextmanager
-async def _statements(store: SqlStore, marker: str) -> AsyncIterator[list[tuple[str, Any]]]:
-    """The statements (with their parameters) holding ``marker`` that the store's reads send."""
-    sent: list[tuple[str, Any]] = []
-
-    def record(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, many: bool) -> None:
-        if marker in statement:
-            sent.append((statement, parameters))
-
-    engine = store._reader.sync_engine
-    event.listen(engine, "before_cursor_execute", record)
-    try:
-        yield sent
-    finally:
-        event.remove(engine, "before_cursor_execute", record)
 
 
 async def _plan(url: str, statement: str, parameters: Any) -> str:
