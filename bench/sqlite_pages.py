@@ -1,6 +1,7 @@
 """What a paced token costs SQLite's writer, by the pages its commit writes: a reproduction.
 
-Usage: ``python -m bench.sqlite_pages [--logs 256] [--steps 200] [--history 2000] [--reps 2]``.
+Usage: ``python -m bench.sqlite_pages [--logs 256] [--steps 200] [--history 2000]
+[--responses 0] [--moves 25,50] [--reps 2]``.
 
 At 256 paced streams every commit appends one event to each of 256 live logs. The ledger's
 ``response_events`` is a rowid table (its rows fill a few pages at the end, migration 0010) with
@@ -11,10 +12,13 @@ the ledger (``bench.paced_path``, SQLite, 256 streams): ~1 ``pwrite`` a token, a
 thread's ``COMMIT`` alone ~17 µs of CPU a token, on the server's one core.
 
 This script measures that cost outside the server, with the ledger's columns and SQLite
-settings (WAL, ``synchronous = FULL``, a 64 MiB cache, a passive checkpoint every 50 commits),
-for two layouts:
+settings (WAL, ``synchronous = FULL``, a 64 MiB cache, foreign keys on, a passive checkpoint
+every 50 commits), for these layouts:
 
 - **indexed**: each commit's events go straight into the table with the key index, as now;
+- **indexed + foreign key**: the same, the table with the foreign key to ``responses`` it had
+  until migration 0011 (every inserted event looks its response up; ``responses`` holds a row
+  for each log, and ``--responses`` more);
 - **tail + move every K**: each commit appends to an unindexed table (``tail``), and every K
   commits one transaction moves its rows into the indexed table in key order and empties it,
   so each live log's index page is written once every K commits instead of every commit.
@@ -49,18 +53,32 @@ _PAYLOAD = (
 _CHECKPOINT_EVERY = 50
 
 
-def _open(path: str) -> sqlite3.Connection:
+_FOREIGN_KEY = ", FOREIGN KEY (response_id) REFERENCES responses (id) ON DELETE CASCADE"
+#: A ``responses`` row's size here: about a stored request's.
+_REQUEST = '{"model":"gpt-oss-20b","input":"%s","stream":true}' % ("x" * 400)
+
+
+def _open(path: str, *, foreign_key: bool) -> sqlite3.Connection:
     con = sqlite3.connect(path, isolation_level=None)
     for pragma in (
         "PRAGMA journal_mode = WAL",
         "PRAGMA synchronous = FULL",
         "PRAGMA cache_size = -65536",
         "PRAGMA wal_autocheckpoint = 100000",
+        "PRAGMA foreign_keys = ON",
     ):
         con.execute(pragma)
-    con.execute(f"CREATE TABLE events ({_COLUMNS}, PRIMARY KEY (response_id, seq))")
+    con.execute("CREATE TABLE responses (id TEXT PRIMARY KEY, status TEXT NOT NULL, request TEXT NOT NULL)")
+    key = _FOREIGN_KEY if foreign_key else ""
+    con.execute(f"CREATE TABLE events ({_COLUMNS}, PRIMARY KEY (response_id, seq){key})")
     con.execute(f"CREATE TABLE tail ({_COLUMNS})")
     return con
+
+
+def _store_responses(con: sqlite3.Connection, ids: list[str], status: str) -> None:
+    con.execute("BEGIN")
+    con.executemany("INSERT INTO responses VALUES (?, ?, ?)", [(rid, status, _REQUEST) for rid in ids])
+    con.execute("COMMIT")
 
 
 def _frames(con: sqlite3.Connection) -> int:
@@ -69,16 +87,27 @@ def _frames(con: sqlite3.Connection) -> int:
     return max(int(log), 0)
 
 
-def run_layout(logs: int, steps: int, history: int, move_every: int | None) -> dict[str, float]:
+def run_layout(
+    logs: int,
+    steps: int,
+    history: int,
+    move_every: int | None,
+    *,
+    foreign_key: bool = False,
+    responses: int = 0,
+) -> dict[str, float]:
     """One run: ``history`` finished logs of ``steps`` events first (so the index is not a
     toy), then ``steps`` commits of one event for each of ``logs`` live logs. ``move_every``:
-    None for the indexed layout, else K of the tail layout."""
+    None for the indexed layouts, else K of the tail layout; ``foreign_key``: the events' table
+    has one (``responses`` holds a row for every log, and ``responses`` more)."""
     with tempfile.TemporaryDirectory(prefix="bench-sqlite-pages-") as tmp:
-        con = _open(os.path.join(tmp, "ledger.db"))
+        con = _open(os.path.join(tmp, "ledger.db"), foreign_key=foreign_key)
         try:
+            finished = [f"resp_{secrets.token_hex(24)}" for _ in range(history + responses)]
+            _store_responses(con, finished, "completed")
             old = [
-                (f"resp_{secrets.token_hex(24)}", seq, "t", _PAYLOAD % (seq, "x"), 0.0, None)
-                for _ in range(history)
+                (rid, seq, "t", _PAYLOAD % (seq, "x"), 0.0, None)
+                for rid in finished[:history]
                 for seq in range(steps)
             ]
             con.execute("BEGIN")
@@ -86,6 +115,7 @@ def run_layout(logs: int, steps: int, history: int, move_every: int | None) -> d
             con.execute("COMMIT")
             con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             ids = [f"resp_{secrets.token_hex(24)}" for _ in range(logs)]
+            _store_responses(con, ids, "in_progress")
             target = "events" if move_every is None else "tail"
             insert = f"INSERT INTO {target} VALUES (?, ?, ?, ?, ?, ?)"
             frames = 0
@@ -133,22 +163,40 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--logs", type=int, default=256, help="live logs (paced streams)")
     parser.add_argument("--steps", type=int, default=200, help="commits, one event a log each")
     parser.add_argument("--history", type=int, default=2000, help="finished logs stored first")
-    parser.add_argument("--moves", default="25,50", help="K of the tail layouts, comma-separated")
+    parser.add_argument(
+        "--responses", type=int, default=0, help="responses rows besides the logs' (no events)"
+    )
+    parser.add_argument(
+        "--moves", default="25,50", help="K of the tail layouts, comma-separated ('' for none)"
+    )
     parser.add_argument("--reps", type=int, default=2, help="runs of each layout (median shown)")
     args = parser.parse_args(argv)
-    layouts: list[tuple[str, int | None]] = [("indexed", None)]
-    layouts += [(f"tail + move every {k}", k) for k in map(int, args.moves.split(","))]
-    results: dict[str, list[dict[str, float]]] = {name: [] for name, _ in layouts}
+    layouts: list[tuple[str, int | None, bool]] = [
+        ("indexed", None, False),
+        ("indexed + foreign key", None, True),
+    ]
+    layouts += [(f"tail + move every {k}", k, False) for k in map(int, filter(None, args.moves.split(",")))]
+    results: dict[str, list[dict[str, float]]] = {name: [] for name, *_ in layouts}
     for _ in range(args.reps):  # layouts alternate, so a slow minute falls on all of them
-        for name, move_every in layouts:
-            results[name].append(run_layout(args.logs, args.steps, args.history, move_every))
+        for name, move_every, foreign_key in layouts:
+            results[name].append(
+                run_layout(
+                    args.logs,
+                    args.steps,
+                    args.history,
+                    move_every,
+                    foreign_key=foreign_key,
+                    responses=args.responses,
+                )
+            )
     print(
         f"{args.logs} live logs x {args.steps} commits of one event each, {args.history} finished "
-        f"logs stored first, SQLite {sqlite3.sqlite_version}, median of {args.reps}"
+        f"logs stored first, {args.history + args.responses + args.logs} responses rows, "
+        f"SQLite {sqlite3.sqlite_version}, median of {args.reps}"
     )
     print("| layout | µs CPU an event | WAL frames an event | runs (µs) |")
     print("|---|--:|--:|---|")
-    for name, _ in layouts:
+    for name, *_ in layouts:
         runs = results[name]
         us = statistics.median(r["us_per_event"] for r in runs)
         frames = statistics.median(r["frames_per_event"] for r in runs)
