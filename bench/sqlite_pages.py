@@ -21,12 +21,16 @@ every 50 commits), for these layouts:
   for each log, and ``--responses`` more);
 - **tail + move every K**: each commit appends to an unindexed table (``tail``), and every K
   commits one transaction moves its rows into the indexed table in key order and empties it,
-  so each live log's index page is written once every K commits instead of every commit.
+  so each live log's index page is written once every K commits instead of every commit;
+- **keyed tail + move every K**: the same with the key on the tail too, as reads of a live log
+  would need (the tail's index is small: its live logs' entries share a few pages).
 
 Printed per layout: process CPU per event (this thread does all of it: the statements, the
-commit, the WAL writes' system calls) and WAL frames written per event (summed from the
-checkpoints' frame counts). The second layout is a design sketch, not the ledger's: reads of a
-live log would have to look in both tables (bench/RESULTS.md, fifteenth session).
+commit, the WAL writes' system calls), WAL frames written per event (summed from the
+checkpoints' frame counts), each commit's wall time (p50 / p99), and each move's (median /
+max): a move is a stall for every stream whose commit waits behind it. The tail layouts are a
+design sketch, not the ledger's: reads of a live log would have to look in both tables
+(bench/RESULTS.md, fifteenth and seventeenth sessions).
 """
 
 from __future__ import annotations
@@ -68,16 +72,21 @@ def _open(path: str, *, foreign_key: bool) -> sqlite3.Connection:
         "PRAGMA foreign_keys = ON",
     ):
         con.execute(pragma)
-    con.execute("CREATE TABLE responses (id TEXT PRIMARY KEY, status TEXT NOT NULL, request TEXT NOT NULL)")
+    con.execute(
+        "CREATE TABLE responses (id TEXT PRIMARY KEY, status TEXT NOT NULL, request TEXT NOT NULL)"
+    )
     key = _FOREIGN_KEY if foreign_key else ""
     con.execute(f"CREATE TABLE events ({_COLUMNS}, PRIMARY KEY (response_id, seq){key})")
     con.execute(f"CREATE TABLE tail ({_COLUMNS})")
+    con.execute(f"CREATE TABLE keyed_tail ({_COLUMNS}, PRIMARY KEY (response_id, seq))")
     return con
 
 
 def _store_responses(con: sqlite3.Connection, ids: list[str], status: str) -> None:
     con.execute("BEGIN")
-    con.executemany("INSERT INTO responses VALUES (?, ?, ?)", [(rid, status, _REQUEST) for rid in ids])
+    con.executemany(
+        "INSERT INTO responses VALUES (?, ?, ?)", [(rid, status, _REQUEST) for rid in ids]
+    )
     con.execute("COMMIT")
 
 
@@ -95,11 +104,13 @@ def run_layout(
     *,
     foreign_key: bool = False,
     responses: int = 0,
+    keyed_tail: bool = False,
 ) -> dict[str, float]:
     """One run: ``history`` finished logs of ``steps`` events first (so the index is not a
     toy), then ``steps`` commits of one event for each of ``logs`` live logs. ``move_every``:
     None for the indexed layouts, else K of the tail layout; ``foreign_key``: the events' table
-    has one (``responses`` holds a row for every log, and ``responses`` more)."""
+    has one (``responses`` holds a row for every log, and ``responses`` more); ``keyed_tail``:
+    the tail has the key too (as reads of a live log would need)."""
     with tempfile.TemporaryDirectory(prefix="bench-sqlite-pages-") as tmp:
         con = _open(os.path.join(tmp, "ledger.db"), foreign_key=foreign_key)
         try:
@@ -116,9 +127,11 @@ def run_layout(
             con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             ids = [f"resp_{secrets.token_hex(24)}" for _ in range(logs)]
             _store_responses(con, ids, "in_progress")
-            target = "events" if move_every is None else "tail"
+            target = "events" if move_every is None else "keyed_tail" if keyed_tail else "tail"
             insert = f"INSERT INTO {target} VALUES (?, ?, ?, ?, ?, ?)"
             frames = 0
+            commits: list[float] = []
+            moves: list[float] = []
             cpu0 = time.process_time()
             for step in range(steps):
                 now = time.time()
@@ -133,27 +146,42 @@ def run_layout(
                     )
                     for rid in ids
                 ]
+                started = time.perf_counter()
                 con.execute("BEGIN IMMEDIATE")
                 con.executemany(insert, rows)
                 con.execute("COMMIT")
+                commits.append(time.perf_counter() - started)
                 if move_every is not None and (step + 1) % move_every == 0:
+                    started = time.perf_counter()
                     con.execute("BEGIN IMMEDIATE")
-                    con.execute("INSERT INTO events SELECT * FROM tail ORDER BY response_id, seq")
-                    con.execute("DELETE FROM tail")
+                    con.execute(
+                        f"INSERT INTO events SELECT * FROM {target} ORDER BY response_id, seq"
+                    )
+                    con.execute(f"DELETE FROM {target}")
                     con.execute("COMMIT")
+                    moves.append(time.perf_counter() - started)
                 if (step + 1) % _CHECKPOINT_EVERY == 0:
                     frames += _frames(con)
             cpu = time.process_time() - cpu0
             if move_every is not None:  # the rest, as a server would before it stops
-                con.execute("INSERT INTO events SELECT * FROM tail ORDER BY response_id, seq")
-                con.execute("DELETE FROM tail")
+                con.execute(f"INSERT INTO events SELECT * FROM {target} ORDER BY response_id, seq")
+                con.execute(f"DELETE FROM {target}")
             stored = con.execute("SELECT count(*) FROM events").fetchone()[0]
             if stored != (history + logs) * steps:
                 raise RuntimeError(f"{stored} events stored, {(history + logs) * steps} written")
         finally:
             con.close()
     events = logs * steps
-    return {"us_per_event": cpu / events * 1e6, "frames_per_event": frames / events}
+    commits.sort()
+    return {
+        "us_per_event": cpu / events * 1e6,
+        "frames_per_event": frames / events,
+        "commit_p50_ms": commits[len(commits) // 2] * 1e3,
+        "commit_p99_ms": commits[min(len(commits) - 1, len(commits) * 99 // 100)] * 1e3,
+        # the stall a move is, for the commits queued behind it (0: no moves)
+        "move_median_ms": statistics.median(moves) * 1e3 if moves else 0.0,
+        "move_max_ms": max(moves, default=0.0) * 1e3,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -171,14 +199,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--reps", type=int, default=2, help="runs of each layout (median shown)")
     args = parser.parse_args(argv)
-    layouts: list[tuple[str, int | None, bool]] = [
-        ("indexed", None, False),
-        ("indexed + foreign key", None, True),
+    layouts: list[tuple[str, int | None, bool, bool]] = [
+        ("indexed", None, False, False),
+        ("indexed + foreign key", None, True, False),
     ]
-    layouts += [(f"tail + move every {k}", k, False) for k in map(int, filter(None, args.moves.split(",")))]
+    for k in map(int, filter(None, args.moves.split(","))):
+        layouts += [(f"tail + move every {k}", k, False, False)]
+        layouts += [(f"keyed tail + move every {k}", k, False, True)]
     results: dict[str, list[dict[str, float]]] = {name: [] for name, *_ in layouts}
     for _ in range(args.reps):  # layouts alternate, so a slow minute falls on all of them
-        for name, move_every, foreign_key in layouts:
+        for name, move_every, foreign_key, keyed_tail in layouts:
             results[name].append(
                 run_layout(
                     args.logs,
@@ -187,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
                     move_every,
                     foreign_key=foreign_key,
                     responses=args.responses,
+                    keyed_tail=keyed_tail,
                 )
             )
     print(
@@ -194,14 +225,24 @@ def main(argv: list[str] | None = None) -> int:
         f"logs stored first, {args.history + args.responses + args.logs} responses rows, "
         f"SQLite {sqlite3.sqlite_version}, median of {args.reps}"
     )
-    print("| layout | µs CPU an event | WAL frames an event | runs (µs) |")
-    print("|---|--:|--:|---|")
+    print(
+        "| layout | µs CPU an event | WAL frames an event | commit ms p50 / p99 | move ms median / max"
+        " | runs (µs) |"
+    )
+    print("|---|--:|--:|--:|--:|---|")
     for name, *_ in layouts:
         runs = results[name]
-        us = statistics.median(r["us_per_event"] for r in runs)
-        frames = statistics.median(r["frames_per_event"] for r in runs)
+
+        def median(key: str, runs: list[dict[str, float]] = runs) -> float:
+            return statistics.median(r[key] for r in runs)
+
         every = ", ".join(f"{r['us_per_event']:.1f}" for r in runs)
-        print(f"| {name} | {us:.1f} | {frames:.2f} | {every} |")
+        moves = f"{median('move_median_ms'):.1f} / {max(r['move_max_ms'] for r in runs):.1f}"
+        print(
+            f"| {name} | {median('us_per_event'):.1f} | {median('frames_per_event'):.2f}"
+            f" | {median('commit_p50_ms'):.2f} / {median('commit_p99_ms'):.2f}"
+            f" | {moves if median('move_max_ms') else '-'} | {every} |"
+        )
     return 0
 
 

@@ -112,9 +112,9 @@ response_events = Table(
     # The output token ids behind this write's events, on its last event (migration 0005).
     Column("token_ids", LargeBinary),
     # No foreign key (migrations 0002 and 0011): the database would look the response up for
-    # every event inserted (on PostgreSQL 5.5 of the 13 µs of its CPU an event, on SQLite 1-3 µs
-    # on the server's own thread once it holds 300,000 responses), and the store already checks that the response exists before
-    # it appends; a trigger on ``responses`` deletes a response's events with it.
+    # every event inserted (on PostgreSQL 5.5 of the 13 µs of its CPU an event, on SQLite ~1 µs,
+    # 5-6 %, on the server's own thread), and the store already checks that the response exists
+    # before it appends; a trigger on ``responses`` deletes a response's events with it.
 )
 
 response_input_items = Table(

@@ -7,11 +7,24 @@ from bench.sqlite_pages import main, run_layout
 
 
 def test_each_layout_stores_every_event_and_counts_wal_frames():
-    for move_every, foreign_key in ((None, False), (None, True), (5, False)):
+    for move_every, foreign_key, keyed in (
+        (None, False, False),
+        (None, True, False),
+        (5, False, False),
+        (5, False, True),
+    ):
         result = run_layout(
-            logs=8, steps=50, history=3, move_every=move_every, foreign_key=foreign_key, responses=10
+            logs=8,
+            steps=50,
+            history=3,
+            move_every=move_every,
+            foreign_key=foreign_key,
+            responses=10,
+            keyed_tail=keyed,
         )
         assert result["us_per_event"] > 0
+        assert 0 < result["commit_p50_ms"] <= result["commit_p99_ms"]
+        assert (result["move_max_ms"] > 0) == (move_every is not None)
         assert result["frames_per_event"] > 0  # the checkpoint after commit 50 saw the WAL
 
 
@@ -26,5 +39,6 @@ def test_the_table_names_every_layout(capsys):
         "| indexed + foreign key |",
         "| tail + move every 5 |",
         "| tail + move every 10 |",
+        "| keyed tail + move every 5 |",
     ):
         assert name in out
