@@ -23,7 +23,7 @@ from sqlalchemy.engine import Connection
 
 from persistence.database import create_engine
 from persistence.migrate import take_migration_lock
-from persistence.schema import metadata
+from persistence.schema import DIALECTS, metadata
 
 config = context.config
 
@@ -46,11 +46,17 @@ def _include_name(name: str | None, type_: str, _parent: object) -> bool:
 def _run(connection: Connection) -> None:
     dialect = connection.dialect.name
 
+    def include_object(obj: object, _name: str | None, _type: str, reflected: bool, _other: object) -> bool:
+        # A constraint declared for other dialects only (schema.DIALECTS) is not expected here.
+        dialects = getattr(obj, "info", {}).get(DIALECTS)
+        return reflected or dialects is None or dialect in dialects
+
     context.configure(
         connection=connection,
         target_metadata=metadata,
         render_as_batch=dialect == "sqlite",
         include_name=_include_name,
+        include_object=include_object,
         compare_type=True,
     )
     with context.begin_transaction():

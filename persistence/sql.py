@@ -413,12 +413,6 @@ class SqlStore:
         self.fence_row_checks = 0
         #: Commits that were one statement (``_one_statement``), since opening.
         self.one_trip_commits = 0
-        # SQLite: the writer connection's ``PRAGMA data_version`` as its last transaction read it
-        # (it changes when another connection commits; see ``_write_direct``).
-        self._data_version: int | None = None
-        #: SQLite: commits that read their logs' tails again because another connection had
-        #: committed since the writer's last one, since opening.
-        self.tail_rereads = 0
         # Whether this lease's first heartbeat rang ``REPLICAS`` (see ``probe``).
         self._announced = False
         #: Rung (``persistence.doorbell``) for every response whose events a commit made durable,
@@ -805,8 +799,6 @@ class SqlStore:
             if tail is not None:
                 cache[rid] = tail
                 cache.move_to_end(rid)
-            else:  # no such response (any more)
-                cache.pop(rid, None)
         while len(cache) > self._tail_cache_size:
             cache.popitem(last=False)
         return plan.outcomes
@@ -988,21 +980,7 @@ class SqlStore:
         previous: _Plan | None,
         conn: sqlite3.Connection,
     ) -> _Plan:
-        """``_write``'s transaction on the SQLite writer thread (see ``persistence.sqlite_writer``).
-
-        The cached tails are trusted only while no other connection has committed since this
-        one's last transaction: a ``DELETE FROM responses`` typed in ``sqlite3`` (or the API's
-        delete, on the engine's connection) may have taken a log's response away, and nothing
-        in the database refuses its events any more (no foreign key, migration 0011). So when
-        ``data_version`` moved, this batch's logs are read again, under the write lock this
-        transaction holds; a log whose response has gone is then refused (``NotFound``)."""
-        (version,) = conn.execute("PRAGMA data_version").fetchone()
-        if version != self._data_version:
-            if self._data_version is not None:
-                self.tail_rereads += 1
-            self._data_version = version
-            cached = [rid for rid, tail in tails.items() if tail is not None]
-            unknown = [*unknown, *cached]
+        """``_write``'s transaction on the SQLite writer thread (see ``persistence.sqlite_writer``)."""
         if unknown:
             _found_tails(tails, unknown, conn.execute(self._sql.tails(len(unknown)), unknown))
         if previous is not None and _committed_before(batch, tails, previous):

@@ -189,11 +189,12 @@ async def test_sqlite_delete_without_foreign_keys_still_cascades(
 async def test_sqlite_a_delete_by_hand_during_a_stream_refuses_its_next_events(
     migrated_sqlite_url: str, foreign_keys: str
 ) -> None:
-    """``response_events`` has no foreign key (migration 0011), and the writer keeps each live
-    log's tail in memory. A ``DELETE FROM responses`` typed in ``sqlite3`` while the response
-    streams must still end its log: the owner's next commit sees that another connection
-    committed (``PRAGMA data_version``), reads its logs again under the write lock, and
-    refuses the events of the one whose response has gone, leaving none of them behind."""
+    """The writer keeps each live log's tail in memory, so what stops a ``DELETE FROM
+    responses`` typed in ``sqlite3`` while the response streams from leaving the owner appending
+    to a log without a response is the events' foreign key: the owner's next insert fails, its
+    retry reads the log again and refuses it (``NotFound``). (An
+    attempt to drop the key for its ~1 µs an event, bench/RESULTS.md, seventeenth session,
+    failed this test.)"""
     store = await open_store(migrated_sqlite_url, migrate=False)
     path = migrated_sqlite_url.split("///", 1)[1]
     operator = sqlite3.connect(path, isolation_level=None)
@@ -202,16 +203,13 @@ async def test_sqlite_a_delete_by_hand_during_a_stream_refuses_its_next_events(
         rid, other = await _started(store), await _started(store)
         for seq in range(1, 4):  # a stream's commits: its cached tail is enough
             await asyncio.gather(store.append(rid, [delta(seq)], seq), store.append(other, [delta(seq)], seq))
-        assert store.tail_rereads == 0
         operator.execute("DELETE FROM responses WHERE id = ?", (rid,))
         with pytest.raises(NotFound):
             await store.append(rid, [delta(4)], 4)
         await store.append(other, [delta(4)], 4)  # the other log goes on
-        assert store.tail_rereads == 1
-        with pytest.raises(NotFound):  # and stays refused (no stale tail is cached again)
+        with pytest.raises(NotFound):  # and it stays refused
             await store.append(rid, [delta(5)], 5)
         await store.append(other, [delta(5)], 5)
-        assert store.tail_rereads == 1
     finally:
         await store.close()
     rows = operator.execute("SELECT response_id, count(*) FROM response_events GROUP BY response_id").fetchall()
