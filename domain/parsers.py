@@ -7,11 +7,13 @@ cleanly waits for ``<|start|>``, as a new one made to expect it does. Fed ``<|st
 it reads an assistant message's header, as a new one made for the assistant role does, but the
 two are not the same for every header: the role of the first is parsed from the header's text,
 so a completion that begins ``!<|channel|>commentary to=functions.get_weather`` was a call to
-one and a message to the other (a Hypothesis test found it). They are the same when the completion begins with
-``<|channel|>`` (what the prompt's ``<|start|>assistant`` asks for, and every forced tool
-choice's prefill begins with): the role's word then ends at a special token. So a decoder takes
-its parser at the first token it gives one: a pooled one for ``<|channel|>``, a new one for
-anything else. (Most decodes take none at all: ``domain.decoder`` puts the parser off until a
+one and a message to the other (a Hypothesis test found it). They are the same when the
+completion begins with ``<|channel|>`` (what the prompt's ``<|start|>assistant`` asks for, and
+every forced tool choice's prefill begins with): the role's word then ends at a special token;
+and the decoder never gives either one a ``<|start|>`` inside a header (it starts a new message
+there with a parser waiting for ``<|start|>``: the two took that one differently, a second case
+the test found). So a decoder takes its parser at the first token it gives one: a pooled one
+for ``<|channel|>``, a new one for anything else. (Most decodes take none at all: ``domain.decoder`` puts the parser off until a
 token needs it, and remembers here, in ``ParserPool.known``, what parsers found in the headers
 they read.)
 
