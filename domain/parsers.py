@@ -13,9 +13,9 @@ every forced tool choice's prefill begins with): the role's word then ends at a 
 and the decoder never gives either one a ``<|start|>`` inside a header (it starts a new message
 there with a parser waiting for ``<|start|>``: the two took that one differently, a second case
 the test found). So a decoder takes its parser at the first token it gives one: a pooled one
-for ``<|channel|>``, a new one for anything else. (Most decodes take none at all: ``domain.decoder`` puts the parser off until a
-token needs it, and remembers here, in ``ParserPool.known``, what parsers found in the headers
-they read.)
+for ``<|channel|>``, a new one for anything else. (Most decodes take none at all:
+``domain.decoder`` puts the parser off until a token needs it, and remembers here, in
+``ParserPool.known``, what parsers found in the headers they read.)
 
 A parser keeps every token and message it has read (openai-harmony has no way to drop them), so
 one is reused only until it has read ``TOKEN_CAP`` tokens, and at most ``POOL_SIZE`` wait here per

@@ -192,9 +192,8 @@ async def test_sqlite_a_delete_by_hand_during_a_stream_refuses_its_next_events(
     """The writer keeps each live log's tail in memory, so what stops a ``DELETE FROM
     responses`` typed in ``sqlite3`` while the response streams from leaving the owner appending
     to a log without a response is the events' foreign key: the owner's next insert fails, its
-    retry reads the log again and refuses it (``NotFound``). (An
-    attempt to drop the key for its ~1 µs an event, bench/RESULTS.md, seventeenth session,
-    failed this test.)"""
+    retry reads the log again and refuses it (``NotFound``). (An attempt to drop the key for
+    its ~1 µs an event, bench/RESULTS.md, seventeenth session, failed this test.)"""
     store = await open_store(migrated_sqlite_url, migrate=False)
     path = migrated_sqlite_url.split("///", 1)[1]
     operator = sqlite3.connect(path, isolation_level=None)
