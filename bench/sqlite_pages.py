@@ -44,6 +44,7 @@ import sqlite3
 import statistics
 import tempfile
 import time
+from typing import Any
 
 __all__ = ["main", "run_layout"]
 
@@ -113,6 +114,8 @@ def run_layout(
     None for the indexed layouts, else K of the tail layout; ``foreign_key``: the events' table
     has one (``responses`` holds a row for every log, and ``responses`` more); ``keyed_tail``:
     the tail has the key too (as reads of a live log would need)."""
+    if keyed_tail and move_every is None:
+        raise ValueError("keyed_tail is a tail layout: it needs move_every")
     with tempfile.TemporaryDirectory(prefix="bench-sqlite-pages-") as tmp:
         con = _open(os.path.join(tmp, "ledger.db"), foreign_key=foreign_key)
         try:
@@ -201,26 +204,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--reps", type=int, default=2, help="runs of each layout (median shown)")
     args = parser.parse_args(argv)
-    layouts: list[tuple[str, int | None, bool, bool]] = [
-        ("indexed", None, False, False),
-        ("indexed + foreign key", None, True, False),
-    ]
+    # layout -> run_layout's keywords
+    layouts: dict[str, dict[str, Any]] = {
+        "indexed": {"move_every": None},
+        "indexed + foreign key": {"move_every": None, "foreign_key": True},
+    }
     for k in map(int, filter(None, args.moves.split(","))):
-        layouts += [(f"tail + move every {k}", k, False, False)]
-        layouts += [(f"keyed tail + move every {k}", k, False, True)]
-    results: dict[str, list[dict[str, float]]] = {name: [] for name, *_ in layouts}
+        layouts[f"tail + move every {k}"] = {"move_every": k}
+        layouts[f"keyed tail + move every {k}"] = {"move_every": k, "keyed_tail": True}
+    results: dict[str, list[dict[str, float]]] = {name: [] for name in layouts}
     for _ in range(args.reps):  # layouts alternate, so a slow minute falls on all of them
-        for name, move_every, foreign_key, keyed_tail in layouts:
+        for name, layout in layouts.items():
             results[name].append(
-                run_layout(
-                    args.logs,
-                    args.steps,
-                    args.history,
-                    move_every,
-                    foreign_key=foreign_key,
-                    responses=args.responses,
-                    keyed_tail=keyed_tail,
-                )
+                run_layout(args.logs, args.steps, args.history, responses=args.responses, **layout)
             )
     print(
         f"{args.logs} live logs x {args.steps} commits of one event each, {args.history} finished "
@@ -232,18 +228,14 @@ def main(argv: list[str] | None = None) -> int:
         " | runs (µs) |"
     )
     print("|---|--:|--:|--:|--:|---|")
-    for name, *_ in layouts:
-        runs = results[name]
-
-        def median(key: str, runs: list[dict[str, float]] = runs) -> float:
-            return statistics.median(r[key] for r in runs)
-
+    for name, runs in results.items():
+        m = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
+        longest = max(r["move_max_ms"] for r in runs)
+        moves = f"{m['move_median_ms']:.1f} / {longest:.1f}" if longest else "-"
         every = ", ".join(f"{r['us_per_event']:.1f}" for r in runs)
-        moves = f"{median('move_median_ms'):.1f} / {max(r['move_max_ms'] for r in runs):.1f}"
         print(
-            f"| {name} | {median('us_per_event'):.1f} | {median('frames_per_event'):.2f}"
-            f" | {median('commit_p50_ms'):.2f} / {median('commit_p99_ms'):.2f}"
-            f" | {moves if median('move_max_ms') else '-'} | {every} |"
+            f"| {name} | {m['us_per_event']:.1f} | {m['frames_per_event']:.2f}"
+            f" | {m['commit_p50_ms']:.2f} / {m['commit_p99_ms']:.2f} | {moves} | {every} |"
         )
     return 0
 

@@ -3,6 +3,8 @@ prints (no performance assertion)."""
 
 from __future__ import annotations
 
+import pytest
+
 from bench.sqlite_pages import main, run_layout
 
 
@@ -42,3 +44,8 @@ def test_the_table_names_every_layout(capsys):
         "| keyed tail + move every 5 |",
     ):
         assert name in out
+
+
+def test_a_keyed_tail_needs_moves():
+    with pytest.raises(ValueError, match="move_every"):
+        run_layout(logs=2, steps=2, history=0, move_every=None, keyed_tail=True)
