@@ -9,6 +9,10 @@
         --token-delay-ms 10 --tokens 200 --reps 1     # where each server's CPU goes (bench.cpu_split)
     python -m bench targets                              # what can run here, and why not
 
+Each server's workdir (SQLite's database among it) is made under ``$TMPDIR``, and the
+PostgreSQL target uses the cluster on port ``$BENCH_POSTGRES_PORT`` (default 5432): ``TMPDIR=/dev/shm``
+and a cluster of one's own on a RAM disk take the disk's flushes out of the figures.
+
 The load generator and the naive peer also run on their own: ``python -m bench.loadgen --help``,
 ``python -m bench.naive --help``.
 """

@@ -1,7 +1,7 @@
 """What a paced token costs SQLite's writer, by the pages its commit writes: a reproduction.
 
 Usage: ``python -m bench.sqlite_pages [--logs 256] [--steps 200] [--history 2000]
-[--responses 0] [--moves 25,50] [--reps 2]``.
+[--responses 0] [--moves 25,50] [--reps 2] [--churn COMMITS]``.
 
 At 256 paced streams every commit appends one event to each of 256 live logs. The ledger's
 ``response_events`` is a rowid table (its rows fill a few pages at the end, migration 0010) with
@@ -33,11 +33,16 @@ checkpoints' frame counts), each commit's wall time (p50 / p99), and each move's
 max): a move is a stall for every stream whose commit waits behind it. The tail layouts are a
 design sketch, not the ledger's: reads of a live log would have to look in both tables
 (bench/RESULTS.md, fifteenth and seventeenth sessions).
+
+``--churn COMMITS`` measures a steadier load instead (``run_churn``): responses finishing and
+starting one by one, the ledger's layout against a queue that each response's last commit
+copies into the indexed table (no move of everything at once, so no stall).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import secrets
 import sqlite3
@@ -189,6 +194,161 @@ def run_layout(
     }
 
 
+def run_churn(
+    logs: int, length: int, commits: int, history: int, *, queue: bool
+) -> dict[str, float]:
+    """Steady-state churn: ``logs`` slots, each streaming responses of ``length`` events one
+    after another, their starts staggered so that every commit finishes about ``logs / length``
+    responses and starts as many (as on a live server, not all at once). A response's last event
+    and its status change share a commit, as in the ledger; the next response of the slot is
+    created in the same commit. ``length`` commits bring the slots to steady state first (not
+    measured), then ``commits`` are measured. Both layouts have the foreign key to
+    ``responses``:
+
+    - ``queue=False``: the ledger's layout (events straight into the indexed table);
+    - ``queue=True``: each commit appends to ``tail`` (a rowid table, no index); the writer
+      knows each live log's rowids (one writer, rowids consecutive within its insert), and a
+      response's last commit copies its rows into the indexed table by those rowids, in key
+      order, in the same transaction; each commit also deletes the tail's rows below the oldest
+      live log's first rowid (what was copied and is now older than anything live).
+    """
+    with tempfile.TemporaryDirectory(prefix="bench-sqlite-pages-") as tmp:
+        con = _open(os.path.join(tmp, "ledger.db"), foreign_key=True)
+        try:
+            if queue:
+                con.execute("DROP TABLE tail")
+                con.execute(f"CREATE TABLE tail ({_COLUMNS}{_FOREIGN_KEY})")
+            finished = [f"resp_{secrets.token_hex(24)}" for _ in range(history)]
+            _store_responses(con, finished, "completed")
+            con.execute("BEGIN")
+            con.executemany(
+                "INSERT INTO events VALUES (?, ?, ?, ?, ?, ?)",
+                (
+                    (rid, seq, "t", _PAYLOAD % (seq, "x"), 0.0, None)
+                    for rid in finished
+                    for seq in range(length)
+                ),
+            )
+            con.execute("COMMIT")
+            con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            # per slot: [response id, next seq, its tail rowids]; slot j's first response
+            # starts after j * length // logs commits (the stagger)
+            new_ids = [f"resp_{secrets.token_hex(24)}" for _ in range(logs)]
+            _store_responses(con, new_ids, "in_progress")
+            live: list[list[Any]] = [
+                [rid, -(j * length // logs), []] for j, rid in enumerate(new_ids)
+            ]
+            insert = f"INSERT INTO {'tail' if queue else 'events'} VALUES (?, ?, ?, ?, ?, ?)"
+            frames = 0
+            times: list[float] = []
+            copied = 0
+            cpu0 = 0.0
+            for step in range(length + commits):
+                if step == length:
+                    con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+                    cpu0 = time.process_time()
+                now = time.time()
+                writing = [slot for slot in live if slot[1] >= 0]
+                rows = [
+                    (
+                        slot[0],
+                        slot[1],
+                        "response.output_text.delta",
+                        _PAYLOAD % (slot[1], slot[0][5:21]),
+                        now,
+                        b"\x01\x02\x03\x04",
+                    )
+                    for slot in writing
+                ]
+                started = time.perf_counter()
+                con.execute("BEGIN IMMEDIATE")
+                con.executemany(insert, rows)
+                if queue and rows:
+                    last = con.execute("SELECT max(rowid) FROM tail").fetchone()[0]
+                    for offset, slot in enumerate(writing, start=last - len(rows) + 1):
+                        slot[2].append(offset)
+                done = [slot for slot in writing if slot[1] == length - 1]
+                for slot in done:
+                    if queue:
+                        con.execute(
+                            "INSERT INTO events SELECT * FROM tail WHERE rowid IN "
+                            "(SELECT value FROM json_each(?)) ORDER BY seq",
+                            (json.dumps(slot[2]),),
+                        )
+                        copied += len(slot[2])
+                    con.execute(
+                        "UPDATE responses SET status = 'completed' WHERE id = ?", (slot[0],)
+                    )
+                if done:
+                    fresh = [f"resp_{secrets.token_hex(24)}" for _ in done]
+                    con.executemany(
+                        "INSERT INTO responses VALUES (?, 'in_progress', ?)",
+                        [(rid, _REQUEST) for rid in fresh],
+                    )
+                    for slot, rid in zip(done, fresh, strict=True):
+                        slot[:] = [rid, -1, []]
+                if queue:
+                    oldest = min((slot[2][0] for slot in live if slot[2]), default=None)
+                    if oldest is not None:
+                        con.execute("DELETE FROM tail WHERE rowid < ?", (oldest,))
+                con.execute("COMMIT")
+                if step >= length:
+                    times.append(time.perf_counter() - started)
+                for slot in live:
+                    slot[1] += 1
+                if step >= length and (step - length + 1) % _CHECKPOINT_EVERY == 0:
+                    frames += _frames(con)
+            cpu = time.process_time() - cpu0
+            if queue:
+                # every finished response's events were copied whole
+                whole = con.execute(
+                    "SELECT count(*) FROM (SELECT response_id FROM events GROUP BY response_id"
+                    " HAVING count(*) <> ?)",
+                    (length,),
+                ).fetchone()[0]
+                if whole or not copied:
+                    raise RuntimeError(f"{whole} logs copied incompletely ({copied} rows copied)")
+        finally:
+            con.close()
+    events = logs * commits
+    times.sort()
+    return {
+        "us_per_event": cpu / events * 1e6,
+        "frames_per_event": frames / events,
+        "commit_p50_ms": times[len(times) // 2] * 1e3,
+        "commit_p99_ms": times[min(len(times) - 1, len(times) * 99 // 100)] * 1e3,
+        "commit_max_ms": times[-1] * 1e3,
+    }
+
+
+def _print_churn(args: argparse.Namespace) -> int:
+    layouts = {"indexed + foreign key": False, "queue + copy at finish": True}
+    results: dict[str, list[dict[str, float]]] = {name: [] for name in layouts}
+    for _ in range(args.reps):
+        for name, queue in layouts.items():
+            results[name].append(
+                run_churn(args.logs, args.steps, args.churn, args.history, queue=queue)
+            )
+    print(
+        f"{args.logs} live logs of {args.steps} events each, staggered, {args.churn} commits "
+        f"measured, {args.history} finished logs stored first, SQLite {sqlite3.sqlite_version}, "
+        f"median of {args.reps}"
+    )
+    print(
+        "| layout | µs CPU an event | WAL frames an event | commit ms p50 / p99 / max | runs (µs) |"
+    )
+    print("|---|--:|--:|--:|---|")
+    for name, runs in results.items():
+        m = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
+        longest = max(r["commit_max_ms"] for r in runs)
+        every = ", ".join(f"{r['us_per_event']:.1f}" for r in runs)
+        print(
+            f"| {name} | {m['us_per_event']:.1f} | {m['frames_per_event']:.2f} | "
+            f"{m['commit_p50_ms']:.2f} / {m['commit_p99_ms']:.2f} / {longest:.2f} | {every} |"
+        )
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m bench.sqlite_pages", description=__doc__.split("\n")[0]
@@ -203,7 +363,17 @@ def main(argv: list[str] | None = None) -> int:
         "--moves", default="25,50", help="K of the tail layouts, comma-separated ('' for none)"
     )
     parser.add_argument("--reps", type=int, default=2, help="runs of each layout (median shown)")
+    parser.add_argument(
+        "--churn",
+        type=int,
+        metavar="COMMITS",
+        help="measure this many commits of steady-state churn instead (responses of --steps "
+        "events finishing and starting one by one): the ledger's layout against a queue copied "
+        "at each response's finish (run_churn)",
+    )
     args = parser.parse_args(argv)
+    if args.churn:
+        return _print_churn(args)
     # layout -> run_layout's keywords
     layouts: dict[str, dict[str, Any]] = {
         "indexed": {"move_every": None},

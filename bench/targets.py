@@ -57,7 +57,9 @@ __all__ = [
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 POSTGRES_HOST = "127.0.0.1"
-POSTGRES_PORT = 5432
+#: ``BENCH_POSTGRES_PORT`` points the PostgreSQL target at another cluster on this host (one on
+#: a RAM disk, to tell the disk's flushes from the server's own work); default the shared one.
+POSTGRES_PORT = int(os.environ.get("BENCH_POSTGRES_PORT", "5432"))
 POSTGRES_ADMIN_DSN = f"postgresql://postgres@{POSTGRES_HOST}:{POSTGRES_PORT}/postgres"
 #: What the ledger is asked for; the scripted engine's model name.
 LEDGER_MODEL = "gpt-oss-scripted"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.sqlite_pages import main, run_layout
+from bench.sqlite_pages import main, run_churn, run_layout
 
 
 def test_each_layout_stores_every_event_and_counts_wal_frames():
@@ -49,3 +49,17 @@ def test_the_table_names_every_layout(capsys):
 def test_a_keyed_tail_needs_moves():
     with pytest.raises(ValueError, match="move_every"):
         run_layout(logs=2, steps=2, history=0, move_every=None, keyed_tail=True)
+
+
+def test_churn_copies_each_finished_log_whole_and_prints_both_layouts(capsys):
+    for queue in (False, True):
+        result = run_churn(logs=6, length=10, commits=60, history=2, queue=queue)
+        assert result["us_per_event"] > 0
+        assert 0 < result["commit_p50_ms"] <= result["commit_p99_ms"] <= result["commit_max_ms"]
+        assert result["frames_per_event"] > 0  # the checkpoint after commit 50 saw the WAL
+    assert (
+        main(["--logs", "4", "--steps", "10", "--history", "1", "--churn", "50", "--reps", "1"])
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert "| indexed + foreign key |" in out and "| queue + copy at finish |" in out
