@@ -49,6 +49,7 @@ import sqlite3
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["main", "run_layout"]
@@ -104,6 +105,48 @@ def _frames(con: sqlite3.Connection) -> int:
     return max(int(log), 0)
 
 
+def _store_history(con: sqlite3.Connection, logs: int, events: int, *, bare: int = 0) -> None:
+    """``logs`` finished responses of ``events`` events each (so the index is not a toy), and
+    ``bare`` finished responses rows without events; then a checkpoint that empties the WAL."""
+    finished = [f"resp_{secrets.token_hex(24)}" for _ in range(logs + bare)]
+    _store_responses(con, finished, "completed")
+    con.execute("BEGIN")
+    con.executemany(
+        "INSERT INTO events VALUES (?, ?, ?, ?, ?, ?)",
+        (
+            (rid, seq, "t", _PAYLOAD % (seq, "x"), 0.0, None)
+            for rid in finished[:logs]
+            for seq in range(events)
+        ),
+    )
+    con.execute("COMMIT")
+    con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+
+def _live_event(rid: str, seq: int, now: float) -> tuple[Any, ...]:
+    """A live log's event row, as a paced token's delta is stored."""
+    return (
+        rid,
+        seq,
+        "response.output_text.delta",
+        _PAYLOAD % (seq, rid[5:21]),
+        now,
+        b"\x01\x02\x03\x04",
+    )
+
+
+def _figures(cpu: float, events: int, frames: int, commits: list[float]) -> dict[str, float]:
+    """A run's figures: CPU and WAL frames an event, each commit's wall time."""
+    commits = sorted(commits)
+    return {
+        "us_per_event": cpu / events * 1e6,
+        "frames_per_event": frames / events,
+        "commit_p50_ms": commits[len(commits) // 2] * 1e3,
+        "commit_p99_ms": commits[min(len(commits) - 1, len(commits) * 99 // 100)] * 1e3,
+        "commit_max_ms": commits[-1] * 1e3,
+    }
+
+
 def run_layout(
     logs: int,
     steps: int,
@@ -124,17 +167,7 @@ def run_layout(
     with tempfile.TemporaryDirectory(prefix="bench-sqlite-pages-") as tmp:
         con = _open(os.path.join(tmp, "ledger.db"), foreign_key=foreign_key)
         try:
-            finished = [f"resp_{secrets.token_hex(24)}" for _ in range(history + responses)]
-            _store_responses(con, finished, "completed")
-            old = [
-                (rid, seq, "t", _PAYLOAD % (seq, "x"), 0.0, None)
-                for rid in finished[:history]
-                for seq in range(steps)
-            ]
-            con.execute("BEGIN")
-            con.executemany("INSERT INTO events VALUES (?, ?, ?, ?, ?, ?)", old)
-            con.execute("COMMIT")
-            con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            _store_history(con, history, steps, bare=responses)
             ids = [f"resp_{secrets.token_hex(24)}" for _ in range(logs)]
             _store_responses(con, ids, "in_progress")
             target = "events" if move_every is None else "keyed_tail" if keyed_tail else "tail"
@@ -145,17 +178,7 @@ def run_layout(
             cpu0 = time.process_time()
             for step in range(steps):
                 now = time.time()
-                rows = [
-                    (
-                        rid,
-                        step,
-                        "response.output_text.delta",
-                        _PAYLOAD % (step, rid[5:21]),
-                        now,
-                        b"\x01\x02\x03\x04",
-                    )
-                    for rid in ids
-                ]
+                rows = [_live_event(rid, step, now) for rid in ids]
                 started = time.perf_counter()
                 con.execute("BEGIN IMMEDIATE")
                 con.executemany(insert, rows)
@@ -181,13 +204,8 @@ def run_layout(
                 raise RuntimeError(f"{stored} events stored, {(history + logs) * steps} written")
         finally:
             con.close()
-    events = logs * steps
-    commits.sort()
     return {
-        "us_per_event": cpu / events * 1e6,
-        "frames_per_event": frames / events,
-        "commit_p50_ms": commits[len(commits) // 2] * 1e3,
-        "commit_p99_ms": commits[min(len(commits) - 1, len(commits) * 99 // 100)] * 1e3,
+        **_figures(cpu, logs * steps, frames, commits),
         # the stall a move is, for the commits queued behind it (0: no moves)
         "move_median_ms": statistics.median(moves) * 1e3 if moves else 0.0,
         "move_max_ms": max(moves, default=0.0) * 1e3,
@@ -218,19 +236,7 @@ def run_churn(
             if queue:
                 con.execute("DROP TABLE tail")
                 con.execute(f"CREATE TABLE tail ({_COLUMNS}{_FOREIGN_KEY})")
-            finished = [f"resp_{secrets.token_hex(24)}" for _ in range(history)]
-            _store_responses(con, finished, "completed")
-            con.execute("BEGIN")
-            con.executemany(
-                "INSERT INTO events VALUES (?, ?, ?, ?, ?, ?)",
-                (
-                    (rid, seq, "t", _PAYLOAD % (seq, "x"), 0.0, None)
-                    for rid in finished
-                    for seq in range(length)
-                ),
-            )
-            con.execute("COMMIT")
-            con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            _store_history(con, history, length)
             # per slot: [response id, next seq, its tail rowids]; slot j's first response
             # starts after j * length // logs commits (the stagger)
             new_ids = [f"resp_{secrets.token_hex(24)}" for _ in range(logs)]
@@ -241,7 +247,6 @@ def run_churn(
             insert = f"INSERT INTO {'tail' if queue else 'events'} VALUES (?, ?, ?, ?, ?, ?)"
             frames = 0
             times: list[float] = []
-            copied = 0
             cpu0 = 0.0
             for step in range(length + commits):
                 if step == length:
@@ -249,17 +254,7 @@ def run_churn(
                     cpu0 = time.process_time()
                 now = time.time()
                 writing = [slot for slot in live if slot[1] >= 0]
-                rows = [
-                    (
-                        slot[0],
-                        slot[1],
-                        "response.output_text.delta",
-                        _PAYLOAD % (slot[1], slot[0][5:21]),
-                        now,
-                        b"\x01\x02\x03\x04",
-                    )
-                    for slot in writing
-                ]
+                rows = [_live_event(slot[0], slot[1], now) for slot in writing]
                 started = time.perf_counter()
                 con.execute("BEGIN IMMEDIATE")
                 con.executemany(insert, rows)
@@ -275,7 +270,6 @@ def run_churn(
                             "(SELECT value FROM json_each(?)) ORDER BY seq",
                             (json.dumps(slot[2]),),
                         )
-                        copied += len(slot[2])
                     con.execute(
                         "UPDATE responses SET status = 'completed' WHERE id = ?", (slot[0],)
                     )
@@ -299,36 +293,47 @@ def run_churn(
                 if step >= length and (step - length + 1) % _CHECKPOINT_EVERY == 0:
                     frames += _frames(con)
             cpu = time.process_time() - cpu0
-            if queue:
-                # every finished response's events were copied whole
-                whole = con.execute(
-                    "SELECT count(*) FROM (SELECT response_id FROM events GROUP BY response_id"
-                    " HAVING count(*) <> ?)",
-                    (length,),
-                ).fetchone()[0]
-                if whole or not copied:
-                    raise RuntimeError(f"{whole} logs copied incompletely ({copied} rows copied)")
+            # every completed response, those finished during the run among them, has all
+            # its events in the indexed table (in the queue layout: copied whole)
+            completed, incomplete = con.execute(
+                "SELECT count(*), count(*) FILTER (WHERE n <> ?) FROM (SELECT r.id,"
+                " (SELECT count(*) FROM events e WHERE e.response_id = r.id) AS n"
+                " FROM responses r WHERE r.status = 'completed')",
+                (length,),
+            ).fetchone()
+            if incomplete or completed <= history:
+                raise RuntimeError(
+                    f"{incomplete} of {completed} completed logs lack events in the table"
+                    f" ({history} stored before the run)"
+                )
         finally:
             con.close()
-    events = logs * commits
-    times.sort()
-    return {
-        "us_per_event": cpu / events * 1e6,
-        "frames_per_event": frames / events,
-        "commit_p50_ms": times[len(times) // 2] * 1e3,
-        "commit_p99_ms": times[min(len(times) - 1, len(times) * 99 // 100)] * 1e3,
-        "commit_max_ms": times[-1] * 1e3,
-    }
+    return _figures(cpu, logs * commits, frames, times)
+
+
+def _alternated(
+    layouts: dict[str, Any], reps: int, run: Callable[[Any], dict[str, float]]
+) -> dict[str, list[dict[str, float]]]:
+    """``run(layout)`` ``reps`` times for each layout, the layouts in turn, so a slow minute
+    falls on all of them."""
+    results: dict[str, list[dict[str, float]]] = {name: [] for name in layouts}
+    for _ in range(reps):
+        for name, layout in layouts.items():
+            results[name].append(run(layout))
+    return results
+
+
+def _medians(runs: list[dict[str, float]]) -> dict[str, float]:
+    return {key: statistics.median(r[key] for r in runs) for key in runs[0]}
 
 
 def _print_churn(args: argparse.Namespace) -> int:
     layouts = {"indexed + foreign key": False, "queue + copy at finish": True}
-    results: dict[str, list[dict[str, float]]] = {name: [] for name in layouts}
-    for _ in range(args.reps):
-        for name, queue in layouts.items():
-            results[name].append(
-                run_churn(args.logs, args.steps, args.churn, args.history, queue=queue)
-            )
+    results = _alternated(
+        layouts,
+        args.reps,
+        lambda queue: run_churn(args.logs, args.steps, args.churn, args.history, queue=queue),
+    )
     print(
         f"{args.logs} live logs of {args.steps} events each, staggered, {args.churn} commits "
         f"measured, {args.history} finished logs stored first, SQLite {sqlite3.sqlite_version}, "
@@ -339,7 +344,7 @@ def _print_churn(args: argparse.Namespace) -> int:
     )
     print("|---|--:|--:|--:|---|")
     for name, runs in results.items():
-        m = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
+        m = _medians(runs)
         longest = max(r["commit_max_ms"] for r in runs)
         every = ", ".join(f"{r['us_per_event']:.1f}" for r in runs)
         print(
@@ -382,12 +387,13 @@ def main(argv: list[str] | None = None) -> int:
     for k in map(int, filter(None, args.moves.split(","))):
         layouts[f"tail + move every {k}"] = {"move_every": k}
         layouts[f"keyed tail + move every {k}"] = {"move_every": k, "keyed_tail": True}
-    results: dict[str, list[dict[str, float]]] = {name: [] for name in layouts}
-    for _ in range(args.reps):  # layouts alternate, so a slow minute falls on all of them
-        for name, layout in layouts.items():
-            results[name].append(
-                run_layout(args.logs, args.steps, args.history, responses=args.responses, **layout)
-            )
+    results = _alternated(
+        layouts,
+        args.reps,
+        lambda layout: run_layout(
+            args.logs, args.steps, args.history, responses=args.responses, **layout
+        ),
+    )
     print(
         f"{args.logs} live logs x {args.steps} commits of one event each, {args.history} finished "
         f"logs stored first, {args.history + args.responses + args.logs} responses rows, "
@@ -399,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print("|---|--:|--:|--:|--:|---|")
     for name, runs in results.items():
-        m = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
+        m = _medians(runs)
         longest = max(r["move_max_ms"] for r in runs)
         moves = f"{m['move_median_ms']:.1f} / {longest:.1f}" if longest else "-"
         every = ", ".join(f"{r['us_per_event']:.1f}" for r in runs)
