@@ -15,9 +15,9 @@ Two settings of its own, for many logs written at once: a commit of 256 paced st
 one event to each of 256 logs, each on a page of its own, so every commit dirties hundreds of
 pages. With SQLite's defaults (a 2 MiB page cache; a checkpoint once the WAL holds 1,000 pages,
 here every second or third commit) those pages were read back and copied into the database file
-again and again. A 64 MiB cache (``_CACHE_KIB``) and a checkpoint every 10,000 pages (now every
-``CHECKPOINT_INTERVAL_S``, about as many pages at 256 paced streams, see below) share that work between many
-commits: at 256 paced streams (bench/RESULTS.md, "one row lock a commit"), 42.8 -> 38.2-38.5 µs of server CPU a
+again and again. A 64 MiB cache (``_CACHE_KIB``) and a checkpoint every 10,000 pages (now
+every ``CHECKPOINT_INTERVAL_S``, about as many pages at 256 paced streams, see below) share that
+work between many commits: at 256 paced streams (bench/RESULTS.md, "one row lock a commit"), 42.8 -> 38.2-38.5 µs of server CPU a
 token, p50 19.4-19.9 -> 7.1 ms, p99 68-89 -> 33-43 ms. Either one alone did much less. Durability
 is the same (``synchronous`` still syncs the WAL at every commit).
 
