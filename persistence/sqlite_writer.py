@@ -29,7 +29,7 @@ connection keeps an automatic checkpoint only as a backstop, at ``_BACKSTOP_PAGE
 checkpointer fall behind or fail (a failure is logged once, and retried with the next commit).
 
 So under a steady load the ``-wal`` file is the backstop's size, about 400 MiB, not a checkpoint
-interval's: a checkpoint beside a busy writer always leaves the frames committed while it ran,
+interval's: a checkpoint beside a busy writer nearly always leaves frames committed while it ran,
 SQLite writes the WAL from its start again only once none is left, and the backstop's checkpoint,
 inside a commit, is the one that leaves none (after it the file is written over, not grown). At
 256 paced streams that commit takes 15-17 ms against a median of 4, once every ~300 commits.
