@@ -17,9 +17,10 @@ pages. With SQLite's defaults (a 2 MiB page cache; a checkpoint once the WAL hol
 here every second or third commit) those pages were read back and copied into the database file
 again and again. A 64 MiB cache (``_CACHE_KIB``) and a checkpoint every 10,000 pages (now
 every ``CHECKPOINT_INTERVAL_S``, about as many pages at 256 paced streams, see below) share that
-work between many commits: at 256 paced streams (bench/RESULTS.md, "one row lock a commit"), 42.8 -> 38.2-38.5 µs of server CPU a
-token, p50 19.4-19.9 -> 7.1 ms, p99 68-89 -> 33-43 ms. Either one alone did much less. Durability
-is the same (``synchronous`` still syncs the WAL at every commit).
+work between many commits: at 256 paced streams (bench/RESULTS.md, "one row lock a commit"),
+42.8 -> 38.2-38.5 µs of server CPU a token, p50 19.4-19.9 -> 7.1 ms, p99 68-89 -> 33-43 ms.
+Either one alone did much less. Durability is the same (``synchronous`` still syncs the WAL at
+every commit).
 
 The checkpoint itself runs off the commit path: on its own connection and thread, a ``PASSIVE``
 checkpoint (it waits for no reader or writer) at most every ``CHECKPOINT_INTERVAL_S`` while
@@ -36,7 +37,8 @@ inside a commit, is the one that leaves none (after it the file is written over,
 Copying the rest on the writer's thread after each checkpoint keeps the WAL near 50 MiB, and was
 measured and not kept: each copy held a commit 3.7 ms (p50; at most 11) every half second, one
 commit in 50, which moved the stream's p99 where the backstop's one in 300 does not
-(bench/RESULTS.md, nineteenth session).
+(bench/RESULTS.md, nineteenth session). A test holds the file to the backstop's size
+(``tests/persistence/test_sqlite_writer.py``).
 """
 
 from __future__ import annotations

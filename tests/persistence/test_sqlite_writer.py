@@ -103,3 +103,42 @@ async def test_a_failing_checkpoint_is_logged_once_and_the_commits_go_on(
         "SQLite checkpoint failed (disk I/O error); retried after the next commits"
     ]
     assert writer.checkpoints == 0
+
+
+async def test_under_steady_commits_the_wal_is_bounded_by_the_backstop_and_written_over(
+    migrated_sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The module docstring's claim: without a checkpoint that leaves nothing (none here: the
+    checkpointer is held off), the WAL grows to the backstop's size, whose checkpoint inside a
+    commit lets SQLite write the WAL from its start again; the file never grows past it."""
+    from persistence import sqlite_writer
+
+    backstop = 64  # pages
+    monkeypatch.setattr(sqlite_writer, "_BACKSTOP_PAGES", backstop)
+    path = _path(migrated_sqlite_url)
+    writer = SqliteWriter(path, synchronous="FULL", busy_timeout_ms=5000)
+    writer.checkpoint_interval_s = 3600.0
+    wal = path.with_name(path.name + "-wal")
+    probe = sqlite3.connect(path)
+    page = probe.execute("PRAGMA page_size").fetchone()[0]
+    probe.close()
+    salts: set[bytes] = set()  # the WAL header's salts change each time the WAL starts again
+    largest = 0
+    try:
+        for i in range(400):
+
+            def work(conn: sqlite3.Connection, i: int = i) -> None:
+                conn.execute(
+                    "INSERT INTO server_secrets (name, value, created_at) VALUES (?, randomblob(3000), 0)",
+                    (f"s{i}",),
+                )
+
+            await writer.transaction(work)
+            largest = max(largest, wal.stat().st_size)
+            salts.add(wal.read_bytes()[16:24])
+    finally:
+        await writer.close()
+    assert writer.checkpoints == 0  # the backstop's doing, not the checkpointer's
+    assert len(salts) >= 3  # started again more than once
+    # the backstop's pages, the commit that crossed it, the WAL header
+    assert largest <= (backstop + 8) * (page + 24) + 32
