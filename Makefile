@@ -30,7 +30,8 @@ serve: setup
 	$(VENV)/bin/responses-ledger serve
 
 test: setup-test
-	$(VENV)/bin/ruff check app domain persistence tests bench
+	$(VENV)/bin/ruff check app domain persistence tests bench migrations
+	$(VENV)/bin/ruff format --check app domain persistence tests bench migrations
 	$(VENV)/bin/mypy
 	$(PY) -m pytest
 

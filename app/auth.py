@@ -72,7 +72,9 @@ class KeyAuth:
         await serve_as(caller, self.app, scope, receive, send)
 
 
-async def serve_as(caller: Caller, app: ASGIApp, scope: Scope, receive: Receive, send: Send) -> None:
+async def serve_as(
+    caller: Caller, app: ASGIApp, scope: Scope, receive: Receive, send: Send
+) -> None:
     """Run ``app`` for ``caller``: put in the scope for the routes (``app.limits.CALLER``), with
     the releases its streams register (``RELEASE``: their slots) run when it is done."""
     releases: list[Callable[[], None]] = []

@@ -194,7 +194,9 @@ def _text(text: str, checks: _Checks, *, what: str) -> None:
 def _invalid(path: list[str | int], problem: str, what: str = "value") -> APIError:
     """The 400 for the value (or key) at ``path``: ``problem`` says what is wrong with it."""
     param = param_text(path)
-    return APIError(400, f"Invalid {what} for '{param}': {problem}", param=param, code="invalid_value")
+    return APIError(
+        400, f"Invalid {what} for '{param}': {problem}", param=param, code="invalid_value"
+    )
 
 
 def _bad_number(literal: str, path: list[str | int]) -> APIError:
@@ -233,7 +235,9 @@ def _clip(text: str) -> str:
 
 
 def _too_large(limit: int) -> APIError:
-    return APIError(413, f"The request body is larger than {limit} bytes.", code="request_too_large")
+    return APIError(
+        413, f"The request body is larger than {limit} bytes.", code="request_too_large"
+    )
 
 
 def _too_deep(path: list[str | int] | None = None) -> APIError:

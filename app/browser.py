@@ -101,7 +101,12 @@ class BrowserGuard:
                 code="origin_not_allowed",
             )
         has_body = chunked is not None or (length is not None and length.strip() not in (b"", b"0"))
-        if scope["type"] == "http" and scope["method"] in _BODY_METHODS and has_body and not _is_json(content_type):
+        if (
+            scope["type"] == "http"
+            and scope["method"] in _BODY_METHODS
+            and has_body
+            and not _is_json(content_type)
+        ):
             return APIError(
                 415,
                 "The request body must be JSON, sent with 'Content-Type: application/json'.",

@@ -38,7 +38,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--commit-window-ms", type=float)
     serve.add_argument("--log-level")
     serve.add_argument(
-        "--frontends", type=int, help="frontend processes on the one port over one engine (default 1)"
+        "--frontends",
+        type=int,
+        help="frontend processes on the one port over one engine (default 1)",
     )
     # --model, --served-model-name and the vLLM engine options (vllm is imported only when the
     # vllm engine starts, so this works without it installed)
@@ -48,19 +50,25 @@ def _parser() -> argparse.ArgumentParser:
     db.add_argument("action", choices=["upgrade", "current"])
     db.add_argument("--database-url")
 
-    for name, text in (("events", "print a response's log as JSON lines"),
-                       ("replay", "re-emit a response's SSE stream from its log")):
+    for name, text in (
+        ("events", "print a response's log as JSON lines"),
+        ("replay", "re-emit a response's SSE stream from its log"),
+    ):
         cmd = sub.add_parser(name, help=text)
         cmd.add_argument("response_id")
         cmd.add_argument("--database-url")
 
     keys = sub.add_parser("keys", help="API keys and their projects")
     actions = keys.add_subparsers(dest="action", required=True)
-    create = actions.add_parser("create", help="make a key and print it (once: only its hash is kept)")
+    create = actions.add_parser(
+        "create", help="make a key and print it (once: only its hash is kept)"
+    )
     create.add_argument("--project", required=True)
     create.add_argument("--role", choices=["admin", "member"], default="member")
     create.add_argument("--name", help="a label to recognise the key by")
-    create.add_argument("--max-streams", type=int, help="concurrent streams allowed (default: no limit)")
+    create.add_argument(
+        "--max-streams", type=int, help="concurrent streams allowed (default: no limit)"
+    )
     create.add_argument("--rpm", type=int, help="requests per minute allowed (default: no limit)")
     listing = actions.add_parser("list", help="the keys, without secrets, as JSON lines")
     listing.add_argument("--project")
@@ -189,7 +197,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "keys":
         return asyncio.run(_keys(args))
-    return asyncio.run(_events(args.response_id, args.database_url, replay=args.command == "replay"))
+    return asyncio.run(
+        _events(args.response_id, args.database_url, replay=args.command == "replay")
+    )
 
 
 if __name__ == "__main__":

@@ -175,7 +175,9 @@ class Compactions:
         service = self._service
         asked = request.model_copy(update={"tool_choice": "none", "text": None, "truncation": None})
         references = await item_refs.resolve(service.store, project, context)
-        rendered, _ = await service.prompts.render(asked, [], summarisation_items(context), references)
+        rendered, _ = await service.prompts.render(
+            asked, [], summarisation_items(context), references
+        )
         prompt_len = len(rendered.token_ids)
         limit = service.engine.max_model_len
         room = SUMMARY_MAX_TOKENS if limit is None else min(SUMMARY_MAX_TOKENS, limit - prompt_len)
@@ -203,7 +205,9 @@ class Compactions:
                 if finish_reason not in ("stop", "length"):
                     raise EngineError(chunk.error or f"the engine stopped ({finish_reason})")
                 break
-        builder = ResponseBuilder({"id": request_id, "object": "response", "output": []}, new_id=self._new_id)
+        builder = ResponseBuilder(
+            {"id": request_id, "object": "response", "output": []}, new_id=self._new_id
+        )
         builder.created()
         builder.in_progress()
         decoder = HarmonyDecoder(service.encoding, builder)
@@ -230,15 +234,25 @@ class Compactions:
         for name in body:
             if name not in COMPACT_FIELDS:
                 raise APIError(
-                    400, f"Unrecognized request argument supplied: {name}", param=name, code="unknown_parameter"
+                    400,
+                    f"Unrecognized request argument supplied: {name}",
+                    param=name,
+                    code="unknown_parameter",
                 )
         service = self._service
         service.check_accepting()
         fields = {k: body[k] for k in _AS_CREATE if k in body}
         check_request(fields)
         if not fields.get("model"):
-            raise APIError(400, "Missing required parameter: 'model'.", param="model", code="missing_required_parameter")
-        request = CreateResponse.model_validate({**fields, "input": fields.get("input") or [], "store": False})
+            raise APIError(
+                400,
+                "Missing required parameter: 'model'.",
+                param="model",
+                code="missing_required_parameter",
+            )
+        request = CreateResponse.model_validate(
+            {**fields, "input": fields.get("input") or [], "store": False}
+        )
         service.resolve_model(request.model)
         if request.previous_response_id:
             service.check_writable()
@@ -249,7 +263,12 @@ class Compactions:
         try:
             summary = await self.summarise(request, context, request_id, project=project)
         except NoSummary as exc:
-            raise APIError(500, f"The context could not be compacted: {exc}.", type="server_error", code="compaction_failed") from None
+            raise APIError(
+                500,
+                f"The context could not be compacted: {exc}.",
+                type="server_error",
+                code="compaction_failed",
+            ) from None
         references = await item_refs.resolve(service.store, project, context)
         kept = [_resolved(item, references) for item in context]
         output = [
@@ -335,13 +354,21 @@ class Compactions:
         try:
             # under the response's engine request id: a cancel or a drain aborts the summary
             summary = await self.summarise(
-                plan.request, plan.context, run.engine_request_id, project=plan.project, sampled=compacting
+                plan.request,
+                plan.context,
+                run.engine_request_id,
+                project=plan.project,
+                sampled=compacting,
             )
         except (NoSummary, EngineError) as exc:
             builder.close_item("incomplete")
             writer.push(builder.take())
             reason = "abort" if isinstance(exc, _Aborted) else "error"
-            return Step(usage=Usage(), error=f"The context could not be compacted: {exc}", finish_reason=reason)
+            return Step(
+                usage=Usage(),
+                error=f"The context could not be compacted: {exc}",
+                finish_reason=reason,
+            )
         item = builder.close_compaction(self.seal(summary.text))
         writer.push(builder.take())
         if run.store:
@@ -368,7 +395,9 @@ class _Aborted(EngineError):
     """The engine aborted the summary (the response was cancelled, or the server drains)."""
 
 
-def _resolved(item: dict[str, Any], references: Mapping[str, dict[str, Any]]) -> dict[str, Any] | None:
+def _resolved(
+    item: dict[str, Any], references: Mapping[str, dict[str, Any]]
+) -> dict[str, Any] | None:
     if item.get("type") == "item_reference":
         return references.get(str(item.get("id")))
     return item

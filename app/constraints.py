@@ -62,7 +62,9 @@ def _what(piece: Piece) -> str:
     return f"The {kind} of the tool at {tool}"
 
 
-def grammar_for(text_format: Mapping[str, Any] | None, rendered: RenderedPrompt, constrains: bool) -> str | None:
+def grammar_for(
+    text_format: Mapping[str, Any] | None, rendered: RenderedPrompt, constrains: bool
+) -> str | None:
     """The grammar for this request's turn, or None (nothing constrained, or an engine that
     cannot enforce); raises a 400 :class:`APIError` for a piece that does not compile."""
     if not constrains:
@@ -88,4 +90,3 @@ def grammar_for(text_format: Mapping[str, Any] | None, rendered: RenderedPrompt,
             code="invalid_grammar",
         )
     return turn.grammar
-

@@ -133,7 +133,7 @@ PARAMETERS: tuple[Parameter, ...] = (
     Parameter(
         "conversation",
         "honoured",
-        "A conversation id or `{\"id\": ...}` (`/v1/conversations`): its items are the history, "
+        'A conversation id or `{"id": ...}` (`/v1/conversations`): its items are the history, '
         "and the response's input and output items are appended when it ends `completed` or "
         "`incomplete`; with `previous_response_id` it is a 400.",
     ),
@@ -543,14 +543,20 @@ def _check_context_management(value: Any) -> None:
             raise _invalid(param, f"'{param}' must be an object.")
         for key in entry:
             if key not in ("type", "compact_threshold"):
-                raise _invalid(f"{param}.{key}", f"Unknown parameter: '{param}.{key}'.", "unknown_parameter")
+                raise _invalid(
+                    f"{param}.{key}", f"Unknown parameter: '{param}.{key}'.", "unknown_parameter"
+                )
         if entry.get("type") != "compaction":
-            raise _invalid(f"{param}.type", "Only context management of type 'compaction' is supported.")
+            raise _invalid(
+                f"{param}.type", "Only context management of type 'compaction' is supported."
+            )
         threshold = entry.get("compact_threshold")
         if threshold is not None and (
             isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 1
         ):
-            raise _invalid(f"{param}.compact_threshold", "'compact_threshold' must be a positive integer.")
+            raise _invalid(
+                f"{param}.compact_threshold", "'compact_threshold' must be a positive integer."
+            )
 
 
 _CHECKS: Mapping[str, Callable[[Any], None]] = {

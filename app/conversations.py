@@ -255,7 +255,9 @@ class Conversations:
         if conversation is None:
             return None
         # every input item in one page (a request body's size bounds how many it has)
-        items, _ = await self._store.list_input_items(row.id, after=None, limit=1 << 20, order="asc")
+        items, _ = await self._store.list_input_items(
+            row.id, after=None, limit=1 << 20, order="asc"
+        )
         return ConversationTurn(conversation, row.project, items)
 
     async def record(self, turn: ConversationTurn, response_id: str, final: dict[str, Any]) -> None:

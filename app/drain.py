@@ -56,7 +56,9 @@ class Drain:
         """Drain ``service``; returns when the server may exit."""
         self.draining = True  # no new responses here, and no takeovers (``app.takeover``)
         runs = service.live_runs()
-        log.warning("draining: no new responses; %d in flight get up to %g s", len(runs), self.drain_s)
+        log.warning(
+            "draining: no new responses; %d in flight get up to %g s", len(runs), self.drain_s
+        )
         if runs:
             waiters = [asyncio.create_task(run.finished.wait()) for run in runs]
             await asyncio.wait(waiters, timeout=self.drain_s)
@@ -75,7 +77,9 @@ class Drain:
             log.warning("draining: the replicas could not be read (%s)", exc)
         if others and service.store_is_shared:
             self.handed_off = len(runs)
-            log.warning("draining: handing %d response(s) to %d other replica(s)", len(runs), len(others))
+            log.warning(
+                "draining: handing %d response(s) to %d other replica(s)", len(runs), len(others)
+            )
             await service.hand_off(runs)
             self._streams_deadline = time.monotonic() + self.drain_s
             # past the deadline the followers end at their next wake-up (within a second)

@@ -79,7 +79,9 @@ def build_o200k_base(target_dir: Path) -> Path:
     text = b"".join(base64.b64encode(token) + b" %d\n" % rank for rank, token in entries)
     digest = hashlib.sha256(text).hexdigest()
     if digest != O200K_BASE_SHA256:
-        raise VocabError(f"built o200k_base.tiktoken has sha256 {digest}, expected {O200K_BASE_SHA256}")
+        raise VocabError(
+            f"built o200k_base.tiktoken has sha256 {digest}, expected {O200K_BASE_SHA256}"
+        )
     target_dir.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target_dir, prefix=".o200k_base.")
     with os.fdopen(fd, "wb") as out:

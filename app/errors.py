@@ -66,12 +66,21 @@ class APIError(Exception):
         self.headers = headers
 
 
-def not_found(what: str, ident: str, *, param: str | None = None, code: str | None = None) -> APIError:
+def not_found(
+    what: str, ident: str, *, param: str | None = None, code: str | None = None
+) -> APIError:
     return APIError(404, f"{what} with id '{ident}' not found.", param=param, code=code)
 
 
 def error_body(message: str, type: str, param: str | None, code: str | None) -> dict[str, object]:
-    return {"error": {"message": _encodable(message), "type": type, "param": _encodable(param), "code": code}}
+    return {
+        "error": {
+            "message": _encodable(message),
+            "type": type,
+            "param": _encodable(param),
+            "code": code,
+        }
+    }
 
 
 def _encodable(text: str | None) -> str | None:
@@ -108,7 +117,9 @@ def _loc_to_param(loc: tuple[object, ...]) -> str:
             out += f"[{part}]"
         elif part in ("function-after", "function-before", "function-plain", "function-wrap"):
             continue
-        elif isinstance(part, str) and ("[" in part or "(" in part or part in ("str", "list", "dict", "tagged-union")):
+        elif isinstance(part, str) and (
+            "[" in part or "(" in part or part in ("str", "list", "dict", "tagged-union")
+        ):
             continue  # pydantic's union-member labels
         else:
             out += f".{part}" if out else str(part)
@@ -156,13 +167,17 @@ def to_api_error(exc: Exception) -> APIError:
             )
         case _:  # our own failure (a broken invariant, the store, a bug): logged, never leaked
             log.exception("unhandled error")
-            return APIError(500, "The server had an error while processing your request.", type="server_error")
+            return APIError(
+                500, "The server had an error while processing your request.", type="server_error"
+            )
 
 
 async def handle_exception(request: Request, exc: Exception) -> JSONResponse:
     err = to_api_error(exc)
     return JSONResponse(
-        error_body(err.message, err.type, err.param, err.code), status_code=err.status, headers=err.headers
+        error_body(err.message, err.type, err.param, err.code),
+        status_code=err.status,
+        headers=err.headers,
     )
 
 
@@ -174,7 +189,9 @@ class InternalError(Exception):
 _PASS_THROUGH = (asyncio.CancelledError, KeyboardInterrupt, SystemExit, GeneratorExit)
 
 
-def guard(endpoint: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
+def guard(
+    endpoint: Callable[[Request], Awaitable[Response]],
+) -> Callable[[Request], Awaitable[Response]]:
     """``endpoint`` with everything it raises, but cancellation and exit, raised as the
     :class:`APIError` that answers it (an unexpected one logged here, with its traceback);
     exceptions that have a handler of their own in ``create_app`` are left to it."""

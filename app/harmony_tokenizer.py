@@ -71,7 +71,7 @@ _CORPUS = (
     "*** Begin Patch\n*** Update File: a.py\n@@\n-old\n+new\n*** End Patch\n",
     "CamelCaseWords snake_case_words kebab-case-words ALLCAPS MiXeD",
     "\u00a0non-breaking\u2003em-space\u200bzero-width",
-    "{\"city\": \"Paris\", \"units\": \"celsius\", \"days\": [1, 2]}",
+    '{"city": "Paris", "units": "celsius", "days": [1, 2]}',
     "a" * 300 + " " + "🙂" * 40,
 )
 
@@ -103,8 +103,12 @@ def _build(target: Path, encoding: HarmonyEncoding) -> None:
     converter = TikTokenConverter(vocab_file=str(vocab_file), pattern=O200K_PATTERN)  # type: ignore[no-untyped-call]
     tokenizer = converter.converted()
     if tokenizer.get_vocab_size() != FIRST_SPECIAL_ID:
-        raise TokenizerMismatch(f"o200k_base has {tokenizer.get_vocab_size()} ranks, not {FIRST_SPECIAL_ID}")
-    tokenizer.add_special_tokens([AddedToken(name, special=True, normalized=False) for name in specials])
+        raise TokenizerMismatch(
+            f"o200k_base has {tokenizer.get_vocab_size()} ranks, not {FIRST_SPECIAL_ID}"
+        )
+    tokenizer.add_special_tokens(
+        [AddedToken(name, special=True, normalized=False) for name in specials]
+    )
     tokenizer.save(str(target / "tokenizer.json"))
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
@@ -126,7 +130,11 @@ def _build(target: Path, encoding: HarmonyEncoding) -> None:
         },
     }
     (target / "tokenizer_config.json").write_text(json.dumps(config, indent=1))
-    special_map = {"bos_token": "<|startoftext|>", "eos_token": "<|return|>", "pad_token": "<|endoftext|>"}
+    special_map = {
+        "bos_token": "<|startoftext|>",
+        "eos_token": "<|return|>",
+        "pad_token": "<|endoftext|>",
+    }
     (target / "special_tokens_map.json").write_text(json.dumps(special_map, indent=1))
 
 
@@ -140,7 +148,9 @@ def verify_tokenizer(directory: Path | str, encoding: HarmonyEncoding | None = N
     encoding = encoding or load_encoding()
     tokenizer = Tokenizer.from_file(str(Path(directory) / "tokenizer.json"))
     if tokenizer.get_vocab_size(with_added_tokens=True) != _VOCAB_SIZE:
-        raise TokenizerMismatch(f"{tokenizer.get_vocab_size(with_added_tokens=True)} ids, not {_VOCAB_SIZE}")
+        raise TokenizerMismatch(
+            f"{tokenizer.get_vocab_size(with_added_tokens=True)} ids, not {_VOCAB_SIZE}"
+        )
     byte_of = {char: byte for byte, char in bytes_to_unicode().items()}  # type: ignore[no-untyped-call]
     ranks = load_tiktoken_bpe(str(_vocab_dir() / O200K_BASE_FILE), expected_hash=O200K_BASE_SHA256)
     by_id = {rank: token for token, rank in ranks.items()}
@@ -152,12 +162,16 @@ def verify_tokenizer(directory: Path | str, encoding: HarmonyEncoding | None = N
             raise TokenizerMismatch(f"id {token_id}: {piece!r} is not {by_id[token_id]!r}")
     for token_id, name in enumerate(_special_names(encoding), start=FIRST_SPECIAL_ID):
         if tokenizer.id_to_token(token_id) != name:
-            raise TokenizerMismatch(f"special id {token_id}: {tokenizer.id_to_token(token_id)!r} is not {name!r}")
+            raise TokenizerMismatch(
+                f"special id {token_id}: {tokenizer.id_to_token(token_id)!r} is not {name!r}"
+            )
     for text in _CORPUS:
         ours = tokenizer.encode(text, add_special_tokens=False).ids
         harmony = [int(t) for t in encoding.encode(text, disallowed_special=())]
         if ours != harmony:
-            raise TokenizerMismatch(f"{text[:40]!r}: {ours[:12]}... is not Harmony's {harmony[:12]}...")
+            raise TokenizerMismatch(
+                f"{text[:40]!r}: {ours[:12]}... is not Harmony's {harmony[:12]}..."
+            )
     # and a special token in text is one id, as Harmony has it
     for name in ("<|channel|>", "<|return|>", "<|reserved_200711|>"):
         if tokenizer.encode(name, add_special_tokens=False).ids != [
@@ -175,7 +189,9 @@ def _vocab_dir() -> Path:
 
 def _cache_dir() -> Path:
     """Where a verified build is kept: next to the verified vocabulary, keyed by its hash."""
-    key = hashlib.sha256(f"{O200K_BASE_SHA256}:{O200K_PATTERN}:{_VOCAB_SIZE}".encode()).hexdigest()[:16]
+    key = hashlib.sha256(f"{O200K_BASE_SHA256}:{O200K_PATTERN}:{_VOCAB_SIZE}".encode()).hexdigest()[
+        :16
+    ]
     return _vocab_dir().parent / f"o200k_harmony-tokenizer-{key}"
 
 

@@ -81,7 +81,9 @@ class _EventStream(EventSourceResponse):
         self.live = live
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        await super().__call__(scope, receive, transport.bounded_send(scope, send) if self.live else send)
+        await super().__call__(
+            scope, receive, transport.bounded_send(scope, send) if self.live else send
+        )
 
     async def _send_with_timeout(self, send: Any, message: Any) -> None:
         if self.send_timeout is None:
@@ -137,7 +139,9 @@ async def _live_stream(service: ResponseService, run: Run, scope: Any) -> AsyncI
     finished = False
     try:
         direct = functools.partial(transport.body_writer, scope)
-        async for chunk in service.stream(run.id, -1, run=run, queue=run.first_queue, direct=direct):
+        async for chunk in service.stream(
+            run.id, -1, run=run, queue=run.first_queue, direct=direct
+        ):
             yield chunk
         finished = True
     finally:
@@ -153,10 +157,20 @@ def _int_param(request: Request, name: str, default: int | None, lo: int, hi: in
     if raw is None or raw == "":
         return default
     if _INTEGER.fullmatch(raw) is None:  # int() also takes " 5", "1_0" and other scripts' digits
-        raise APIError(400, f"Invalid value for '{name}': expected an integer.", param=name, code="invalid_value")
+        raise APIError(
+            400,
+            f"Invalid value for '{name}': expected an integer.",
+            param=name,
+            code="invalid_value",
+        )
     value = int(raw)
     if not lo <= value <= hi:
-        raise APIError(400, f"Invalid value for '{name}': must be between {lo} and {hi}.", param=name, code="invalid_value")
+        raise APIError(
+            400,
+            f"Invalid value for '{name}': must be between {lo} and {hi}.",
+            param=name,
+            code="invalid_value",
+        )
     return value
 
 
@@ -166,7 +180,12 @@ def _bool_param(request: Request, name: str) -> bool:
         return True
     if raw in ("", "false", "0"):
         return False
-    raise APIError(400, f"Invalid value for '{name}': expected 'true' or 'false'.", param=name, code="invalid_value")
+    raise APIError(
+        400,
+        f"Invalid value for '{name}': expected 'true' or 'false'.",
+        param=name,
+        code="invalid_value",
+    )
 
 
 def _no_include(request: Request) -> None:
@@ -191,7 +210,10 @@ async def get_response(request: Request) -> Response:
     after = _int_param(request, "starting_after", -1, -1, 2**62)
     if not stream and request.query_params.get("starting_after"):
         raise APIError(
-            400, "'starting_after' is only used with stream=true.", param="starting_after", code="invalid_value"
+            400,
+            "'starting_after' is only used with stream=true.",
+            param="starting_after",
+            code="invalid_value",
         )
     if stream:
         if await service.store.get(response_id) is None:
@@ -214,7 +236,12 @@ async def cancel_response(request: Request) -> Response:
 async def list_input_items(request: Request) -> Response:
     order = request.query_params.get("order", "desc")
     if order not in ("asc", "desc"):
-        raise APIError(400, "Invalid value for 'order': expected 'asc' or 'desc'.", param="order", code="invalid_value")
+        raise APIError(
+            400,
+            "Invalid value for 'order': expected 'asc' or 'desc'.",
+            param="order",
+            code="invalid_value",
+        )
     limit = _int_param(request, "limit", 20, 1, 100)
     response_id = _response_id(request)
     _no_include(request)
@@ -280,7 +307,11 @@ def _allowed(request: Request) -> str:
     methods: list[str] = []
     for route in routes:
         methods_of = getattr(route, "methods", None)
-        if route.name != "unknown_action" and route.path_regex.match(request.url.path) and methods_of:
+        if (
+            route.name != "unknown_action"
+            and route.path_regex.match(request.url.path)
+            and methods_of
+        ):
             methods.extend(m for m in sorted(methods_of) if m not in methods)
     return ", ".join(methods)
 
@@ -359,10 +390,21 @@ routes: list[Route | WebSocketRoute] = [
     # guard: whatever a route raises is an OpenAI-shaped answer (app.errors)
     Route("/v1/responses/{response_id}", guard(scoped(get_response)), methods=["GET"]),
     Route("/v1/responses/{response_id}", guard(scoped(delete_response)), methods=["DELETE"]),
-    Route("/v1/responses/{response_id}", guard(unknown_action), methods=["POST"], name="unknown_action"),
+    Route(
+        "/v1/responses/{response_id}",
+        guard(unknown_action),
+        methods=["POST"],
+        name="unknown_action",
+    ),
     Route("/v1/responses/{response_id}/cancel", guard(scoped(cancel_response)), methods=["POST"]),
-    Route("/v1/responses/{response_id}/input_items", guard(scoped(list_input_items)), methods=["GET"]),
-    Route("/v1/responses/{response_id}/events", guard(scoped(list_events, audit=True)), methods=["GET"]),
+    Route(
+        "/v1/responses/{response_id}/input_items", guard(scoped(list_input_items)), methods=["GET"]
+    ),
+    Route(
+        "/v1/responses/{response_id}/events",
+        guard(scoped(list_events, audit=True)),
+        methods=["GET"],
+    ),
     *conversation_routes,  # /v1/conversations (app.conversation_routes)
     *websocket_routes,  # WebSocket mode on /v1/responses (app.websocket)
     Route("/v1/models", guard(list_models), methods=["GET"]),

@@ -49,7 +49,10 @@ async def count(service: ResponseService, body: dict[str, Any], *, project: str)
     for name in body:
         if name not in FIELDS:
             raise APIError(
-                400, f"Unrecognized request argument supplied: {name}", param=name, code="unknown_parameter"
+                400,
+                f"Unrecognized request argument supplied: {name}",
+                param=name,
+                code="unknown_parameter",
             )
     if body.get("personality") is not None:
         raise APIError(
@@ -62,12 +65,18 @@ async def count(service: ResponseService, body: dict[str, Any], *, project: str)
     fields = {name: value for name, value in body.items() if name != "personality"}
     check_request(fields)
     model = fields.get("model")
-    if model is None:  # left out: the first served model (anything else is the wire model's to check)
+    if (
+        model is None
+    ):  # left out: the first served model (anything else is the wire model's to check)
         model = service.model_names()[0]
     request = CreateResponse.model_validate({**fields, "model": model, "store": False})
     service.resolve_model(request.model)
-    conversation = conversation_param(getattr(request, "conversation", None), request.previous_response_id)
+    conversation = conversation_param(
+        getattr(request, "conversation", None), request.previous_response_id
+    )
     _, rendered, _ = await service.prompts.prompt(request, project, conversation)
     prompt_len = len(rendered.token_ids)
-    service.prompts.sampling(request, rendered, prompt_len)  # create's last checks: context window, text.format
+    service.prompts.sampling(
+        request, rendered, prompt_len
+    )  # create's last checks: context window, text.format
     return {"object": "response.input_tokens", "input_tokens": prompt_len}

@@ -42,12 +42,16 @@ async def resolve(store: EventStore, project: str, items: Sequence[Item]) -> dic
         {
             item["id"]
             for item in items
-            if item.get("type") == "item_reference" and isinstance(item.get("id"), str) and item["id"] not in known
+            if item.get("type") == "item_reference"
+            and isinstance(item.get("id"), str)
+            and item["id"] not in known
         }
     )
     if wanted:
         for item_id, located in (await store.find_items(wanted, project=project)).items():
-            known[item_id] = output_as_input(located.item) if located.source == "output" else located.item
+            known[item_id] = (
+                output_as_input(located.item) if located.source == "output" else located.item
+            )
         missing = [item_id for item_id in wanted if item_id not in known]
         if missing:
             held = await store.conversations.find_items(missing, project)

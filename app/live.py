@@ -85,7 +85,16 @@ class Subscription:
     wait) cannot make the queue grow past that: once it would, the queue drops what it holds,
     and ``get`` raises ``SubscriptionOverflow``."""
 
-    __slots__ = ("_batches", "_bytes", "_detached", "_limit", "_waiter", "_write", "overflowed", "written")
+    __slots__ = (
+        "_batches",
+        "_bytes",
+        "_detached",
+        "_limit",
+        "_waiter",
+        "_write",
+        "overflowed",
+        "written",
+    )
 
     def __init__(self, limit_bytes: int | None = None) -> None:
         self._batches: collections.deque[Batch] = collections.deque()
@@ -135,7 +144,9 @@ class Subscription:
                     log.exception("writing a live stream's batch failed")
                     written = False
                 if written:
-                    self.written = batch.first_seq + len(batch.frames) - 1  # (``last_seq``, inlined)
+                    self.written = (
+                        batch.first_seq + len(batch.frames) - 1
+                    )  # (``last_seq``, inlined)
                     return
             self._detach()
         if self._limit is not None:
@@ -426,7 +437,10 @@ class LogWriter:
         if error is not None:
             self.error = error
             log.error(
-                "response %s: log write failed: %r", self._run.id, error, extra={"response_id": self._run.id}
+                "response %s: log write failed: %r",
+                self._run.id,
+                error,
+                extra={"response_id": self._run.id},
             )
             self._run.error = self.error
             self._shared.total -= len(self._events) + len(self._tokens)  # never to be written

@@ -75,7 +75,9 @@ def build_engine(settings: Settings, engine_core: Mapping[str, Any] | None = Non
             served_model_names=settings.served_model_names or None,
             **settings.engine_options,
         )
-        return VllmEngine(dataclasses.replace(config, prometheus=settings.metrics), core=engine_core)
+        return VllmEngine(
+            dataclasses.replace(config, prometheus=settings.metrics), core=engine_core
+        )
     raise SystemExit(f"unknown engine {settings.engine!r}: use echo, scripted or vllm")
 
 
@@ -172,7 +174,8 @@ def create_app(
                 else:
                     if closed:
                         log.warning(
-                            "closed %d response(s) left in progress by a previous process", len(closed)
+                            "closed %d response(s) left in progress by a previous process",
+                            len(closed),
                         )
         service.start()
         if settings.gc_threshold is not None:
@@ -224,7 +227,9 @@ def create_app(
         Middleware(AuditGate),  # /ui: admins only when keys are required (app.ui)
         *([Middleware(ReplicaHeader)] if settings.frontends > 1 else []),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=handled, middleware=middleware)
+    app = Starlette(
+        routes=routes, lifespan=lifespan, exception_handlers=handled, middleware=middleware
+    )
     app.state.ready = False
     app.state.settings = settings
     app.state.limits = KeyLimits()
@@ -246,5 +251,9 @@ async def _key_ring(settings: Settings, store: EventStore) -> KeyRing:
             )
             log.error("%s", message)
             raise SystemExit(message)
-        log.info("no API key required (%s)", "loopback" if is_loopback(settings.host) else "run open")
-    return KeyRing(store, required=required, static_key=settings.api_key, cache_s=settings.key_cache_s)
+        log.info(
+            "no API key required (%s)", "loopback" if is_loopback(settings.host) else "run open"
+        )
+    return KeyRing(
+        store, required=required, static_key=settings.api_key, cache_s=settings.key_cache_s
+    )

@@ -134,7 +134,14 @@ class StreamTiming:
     (after its commit): the first batch with output (time to first token, from the request's
     arrival) and the gap between batches with output (inter-event latency)."""
 
-    __slots__ = ("commit_clock", "committed_at", "first", "gap", "inter_event", "time_to_first_token")
+    __slots__ = (
+        "commit_clock",
+        "committed_at",
+        "first",
+        "gap",
+        "inter_event",
+        "time_to_first_token",
+    )
 
     def __init__(self) -> None:
         #: Whether the store reports its commits (then a writer told of its commit takes the

@@ -114,7 +114,9 @@ class Prompts:
         elif conversation:
             history = await self._conversations.history(conversation, project)
         input_items = normalize_input(request.input)
-        context, _ = split_trigger(input_items)  # a final compaction_trigger is acted on, not rendered
+        context, _ = split_trigger(
+            input_items
+        )  # a final compaction_trigger is acted on, not rendered
         references = await item_refs.resolve(self._store, project, [*history, *context])
         rendered, truncated = await self.render(request, history, context, references)
         return input_items, rendered, truncated
@@ -136,7 +138,9 @@ class Prompts:
             if terminal is not None:
                 output = terminal.payload["response"].get("output", [])
             else:  # still generating: what has finished so far
-                output = [e.payload["item"] for e in link.events if e.type == "response.output_item.done"]
+                output = [
+                    e.payload["item"] for e in link.events if e.type == "response.output_item.done"
+                ]
             items.extend(output_as_input(item) for item in output)
         return items
 
@@ -170,7 +174,9 @@ class Prompts:
             response_format=(request.text or {}).get("format"),
         )
         vocab_size = self._engine.vocab_size
-        large = text_size_over((request.instructions, request.tools, history, input_items), _LARGE_PROMPT_CHARS)
+        large = text_size_over(
+            (request.instructions, request.tools, history, input_items), _LARGE_PROMPT_CHARS
+        )
         encoding: Any = ChunkedEncoding(self._encoding) if large else self._encoding
         render = functools.partial(render_checked, encoding, vocab_size=vocab_size)
         rendered = await offload.run(render, prompt) if large else render(prompt)
@@ -181,7 +187,9 @@ class Prompts:
         def measure(items: Sequence[Any], history_length: int) -> RenderedPrompt:
             return render(dataclasses.replace(prompt, items=items, history_length=history_length))
 
-        search = functools.partial(fit, prompt_items, len(history), measure, fits, resolve=references.get)
+        search = functools.partial(
+            fit, prompt_items, len(history), measure, fits, resolve=references.get
+        )
         truncated = await offload.run(search) if large else search()
         if truncated is None:  # not even the last item alone fits: context_length_exceeded
             return rendered, None
@@ -190,9 +198,13 @@ class Prompts:
     def _fits(self, max_tokens: int | None, rendered: RenderedPrompt) -> bool:
         limit = self._engine.max_model_len
         prompt_len = len(rendered.token_ids)
-        return limit is None or (prompt_len < limit and (max_tokens is None or prompt_len + max_tokens <= limit))
+        return limit is None or (
+            prompt_len < limit and (max_tokens is None or prompt_len + max_tokens <= limit)
+        )
 
-    def sampling(self, request: CreateResponse, rendered: RenderedPrompt, prompt_len: int) -> Sampling:
+    def sampling(
+        self, request: CreateResponse, rendered: RenderedPrompt, prompt_len: int
+    ) -> Sampling:
         max_tokens = request.max_output_tokens
         if not self._fits(max_tokens, rendered):
             assert self._engine.max_model_len is not None
@@ -205,7 +217,9 @@ class Prompts:
             presence_penalty=request.presence_penalty,
             frequency_penalty=request.frequency_penalty,
             stop_token_ids=rendered.stop_token_ids,
-            grammar=constraints.grammar_for((request.text or {}).get("format"), rendered, self._engine.constrains),
+            grammar=constraints.grammar_for(
+                (request.text or {}).get("format"), rendered, self._engine.constrains
+            ),
             logprobs=requested_logprobs(request, self._engine),
         )
 

@@ -28,7 +28,14 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from domain.errors import InvalidInput
 
-__all__ = ["COMPACTION", "MAX_PLAINTEXT", "REASONING", "InvalidEncryptedContent", "ReasoningCipher", "new_key"]
+__all__ = [
+    "COMPACTION",
+    "MAX_PLAINTEXT",
+    "REASONING",
+    "InvalidEncryptedContent",
+    "ReasoningCipher",
+    "new_key",
+]
 
 PREFIX = "rlr1."
 #: What a blob was sealed for (its AAD).

@@ -78,4 +78,6 @@ class RemoteCancels:
                     try:
                         await self._cancel_local(response_id)
                     except Exception:  # one response's failure must not stop the others'
-                        log.exception("response %s: cancel asked by another replica failed", response_id)
+                        log.exception(
+                            "response %s: cancel asked by another replica failed", response_id
+                        )

@@ -152,7 +152,9 @@ class Repairs:
                 continue
             closed.append(response_id)
             if self._take_over is None:
-                log.warning("response %s: closed, nobody was generating it (%s)", response_id, message)
+                log.warning(
+                    "response %s: closed, nobody was generating it (%s)", response_id, message
+                )
         self._recovery_pending = False
         return closed
 
@@ -185,7 +187,9 @@ class Repairs:
         else:
             return False  # no row, or nothing to rebuild it from
         builder.finish("failed", usage=None, completed_at=int(time.time()), error=error)
-        await self._store.append(response_id, [stored_event(e) for e in builder.take()], len(events))
+        await self._store.append(
+            response_id, [stored_event(e) for e in builder.take()], len(events)
+        )
         return True
 
     # -- the loop ------------------------------------------------------------------------------
@@ -263,4 +267,3 @@ class Repairs:
                 self._stranded.pop(response_id, None)
         except StoreUnavailable as exc:
             log.warning("repair: the database failed again (%s); will retry", exc)
-

@@ -137,7 +137,9 @@ class ResponseService:
             on_replicas=self._replicas_seen,
         )
         #: Cancels asked through other replicas of responses generated here (``app.remote_cancel``).
-        self.remote_cancels = RemoteCancels(store, self.doorbell, self.replica.id, self._cancel_here)
+        self.remote_cancels = RemoteCancels(
+            store, self.doorbell, self.replica.id, self._cancel_here
+        )
         #: SIGTERM: finish, hand over or end what runs here (``app.drain``).
         self.drain = Drain(settings.drain_s)
         #: Whether other processes share the database (PostgreSQL): replicas, hand-overs.
@@ -148,7 +150,9 @@ class ResponseService:
         self.tails = TailReads(store)
         self._replicas_task: asyncio.Task[None] | None = None
         #: The Conversations API, and the history and turns of responses naming one.
-        self.conversations = Conversations(store, encoding, cipher, new_id=new_id, normalize=normalize_input)
+        self.conversations = Conversations(
+            store, encoding, cipher, new_id=new_id, normalize=normalize_input
+        )
         #: Compaction: ``/v1/responses/compact``, ``compaction_trigger``, ``context_management``.
         self.compactions = Compactions(self, new_id=new_id)
         #: The prompts of requests: history, references, rendering, truncation, sampling.
@@ -224,9 +228,14 @@ class ResponseService:
         model = self.resolve_model(request.model)
         if request.background and not request.store:
             raise APIError(
-                400, "background responses require store=true.", param="background", code="invalid_value"
+                400,
+                "background responses require store=true.",
+                param="background",
+                code="invalid_value",
             )
-        conversation = conversation_param(getattr(request, "conversation", None), request.previous_response_id)
+        conversation = conversation_param(
+            getattr(request, "conversation", None), request.previous_response_id
+        )
         if request.store or request.previous_response_id or conversation:
             self.check_writable()  # a store=false response without history needs no database
         input_items, rendered, truncated = await self.prompts.prompt(request, project, conversation)
@@ -269,10 +278,14 @@ class ResponseService:
             try:
                 stored = self.store.submit_create(new_response)
             except ValueError as exc:  # what the edge let through but no database can hold
-                raise APIError(400, f"The request cannot be stored: {exc}.", code="invalid_value") from None
+                raise APIError(
+                    400, f"The request cannot be stored: {exc}.", code="invalid_value"
+                ) from None
             stored.add_done_callback(_retrieve)  # its failure is reported through the run
             self._live[response_id] = run
-        spec = GenerationSpec.of(rendered, sampling, encrypt_reasoning=request.include_encrypted_reasoning)
+        spec = GenerationSpec.of(
+            rendered, sampling, encrypt_reasoning=request.include_encrypted_reasoning
+        )
         builder = ResponseBuilder(
             skeleton,
             new_id=new_id,
@@ -311,7 +324,9 @@ class ResponseService:
         if self.metrics.enabled:
             task.add_done_callback(functools.partial(self.metrics.run_ended, run))
 
-    def skeleton(self, request: CreateResponse, response_id: str, created_at: int, model: str) -> dict[str, Any]:
+    def skeleton(
+        self, request: CreateResponse, response_id: str, created_at: int, model: str
+    ) -> dict[str, Any]:
         """The Response of ``response.created``: every field of OpenAI's, the request echoed."""
         data = request.model_dump()
         skeleton: dict[str, Any] = {
@@ -440,7 +455,9 @@ class ResponseService:
                 sampling = dataclasses.replace(
                     sampling,
                     generated=len(resumed.tokens),
-                    max_tokens=None if sampling.max_tokens is None else sampling.max_tokens - len(resumed.tokens),
+                    max_tokens=None
+                    if sampling.max_tokens is None
+                    else sampling.max_tokens - len(resumed.tokens),
                 )
             # Coalescing (``RESPONSES_LEDGER_COALESCE_DELTAS``): while the tokens stream, a commit
             # takes the builder's events when it can (one delta for all the text that waited for
@@ -454,11 +471,19 @@ class ResponseService:
             # this same turn: one commit for both (not so with a conversation, whose turn is
             # recorded, an await, in between)
             feed = ChunkFeed(
-                decoder, builder, writer, self._backlog, self.store.health, output_ids, hold_last=turn is None
+                decoder,
+                builder,
+                writer,
+                self._backlog,
+                self.store.health,
+                output_ids,
+                hold_last=turn is None,
             )
             try:
                 if finish_reason is None:
-                    await feed.run(self.engine.generate(engine_prompt, sampling, run.engine_request_id))
+                    await feed.run(
+                        self.engine.generate(engine_prompt, sampling, run.engine_request_id)
+                    )
                     finish_reason, engine_error = feed.finish_reason, feed.error
             except EngineError as exc:
                 finish_reason, engine_error = "error", str(exc)
@@ -472,7 +497,9 @@ class ResponseService:
             result = decoder.finish(truncated=finish_reason != "stop")
             if result.recovered:
                 log.warning(
-                    "response %s: recovered malformed model output (%s)", run.id, "; ".join(result.notes)
+                    "response %s: recovered malformed model output (%s)",
+                    run.id,
+                    "; ".join(result.notes),
                 )
             status, error, reason = self._outcome(run, finish_reason, engine_error)
             if resumed is not None and error is not None and len(output_ids) == len(resumed.tokens):
@@ -483,10 +510,13 @@ class ResponseService:
                     f"{error['message']}",
                 }
             if status == "completed" and forced_call and result.calls == 0:
-                status, error = "failed", {
-                    "code": "server_error",
-                    "message": "tool_choice requires a tool call, but the model did not call a tool",
-                }
+                status, error = (
+                    "failed",
+                    {
+                        "code": "server_error",
+                        "message": "tool_choice requires a tool call, but the model did not call a tool",
+                    },
+                )
             usage = Usage(
                 input_tokens=len(prompt_ids) + compacted.input_tokens,
                 cached_tokens=feed.cached,
@@ -504,7 +534,9 @@ class ResponseService:
             # recovery then closes otherwise).
             output_records = [
                 AuditRecord("output_token_ids", tuple(output_ids)),
-                AuditRecord("finish", detail=self._finish_detail(finish_reason, engine_error, result)),
+                AuditRecord(
+                    "finish", detail=self._finish_detail(finish_reason, engine_error, result)
+                ),
             ]
             output_audit = (
                 writer.submit_after(functools.partial(self._submit_audit, run.id, output_records))
@@ -541,9 +573,13 @@ class ResponseService:
                     extra={"response_id": run.id},
                 )
             else:
-                log.exception("response %s: generation failed", run.id, extra={"response_id": run.id})
+                log.exception(
+                    "response %s: generation failed", run.id, extra={"response_id": run.id}
+                )
             run.error = exc
-            with contextlib.suppress(Exception):  # e.g. the log could not be written: stop the engine
+            with contextlib.suppress(
+                Exception
+            ):  # e.g. the log could not be written: stop the engine
                 await self.engine.abort(run.engine_request_id)
             if run.store and skeleton is not None:
                 # its log has no terminal event: the repair loop writes one when it can
@@ -560,7 +596,10 @@ class ResponseService:
         """The ``error`` of a response whose run died of ``exc`` (not the engine's doing)."""
         if isinstance(exc, StoreUnavailable):
             return store_unavailable_error(self.settings.store_retry_s)
-        return {"code": "server_error", "message": "The server had an error while generating this response."}
+        return {
+            "code": "server_error",
+            "message": "The server had an error while generating this response.",
+        }
 
     def _submit_audit(self, response_id: str, records: list[AuditRecord]) -> asyncio.Future[None]:
         """Queue audit records; whoever awaits the future sees a failure, and a future nobody
@@ -658,7 +697,9 @@ class ResponseService:
                             break
                     if sent == after and run is None:
                         row = await self.store.get(response_id)
-                        if row is None or (row.status in _TERMINAL_STATUSES and row.last_seq <= sent):
+                        if row is None or (
+                            row.status in _TERMINAL_STATUSES and row.last_seq <= sent
+                        ):
                             return  # nothing after ``after``, and nothing more will come
                         if row.status in _TERMINAL_STATUSES:
                             continue  # it ended between the read and now: read its end
@@ -701,7 +742,9 @@ class ResponseService:
                     continue
                 sent = frames_or_end
         except StoreUnavailable as exc:
-            yield error_frame(sent + 1, STORE_UNAVAILABLE, f"The database is unavailable: {exc.reason}")
+            yield error_frame(
+                sent + 1, STORE_UNAVAILABLE, f"The database is unavailable: {exc.reason}"
+            )
         except StoreError:
             log.exception("response %s: stream read failed", response_id)
             yield error_frame(sent + 1, "server_error", "The server could not read this response.")
@@ -744,7 +787,9 @@ class ResponseService:
                 else:
                     empty += 1
                     if (not rung or empty >= 2) and await self.store.get(response_id) is None:
-                        yield error_frame(sent + 1, "not_found", f"Response '{response_id}' was deleted.")
+                        yield error_frame(
+                            sent + 1, "not_found", f"Response '{response_id}' was deleted."
+                        )
                         return
                 if self.drain.streams_over():
                     yield error_frame(
@@ -790,7 +835,9 @@ class ResponseService:
                 f"The database stayed unavailable for {self.settings.store_retry_s:g} s "
                 f"({error.reason}); the response was stopped and will be closed as failed.",
             )
-        return error_frame(sent + 1, "server_error", "The server had an error while generating this response.")
+        return error_frame(
+            sent + 1, "server_error", "The server had an error while generating this response."
+        )
 
     async def events(self, response_id: str) -> dict[str, Any]:
         row = await self.store.get(response_id)
@@ -813,7 +860,10 @@ class ResponseService:
         if await self.store.get(response_id) is None:
             raise not_found("Response", response_id)
         items, has_more = await self.store.list_input_items(
-            response_id, after=after, limit=limit, order=order  # type: ignore[arg-type]
+            response_id,
+            after=after,
+            limit=limit,
+            order=order,  # type: ignore[arg-type]
         )
         return list_page(items, has_more=has_more)
 
@@ -825,14 +875,20 @@ class ResponseService:
         if row is None:
             raise not_found("Response", response_id)
         if not row.background:
-            raise APIError(400, "Only responses created with background=true can be cancelled.", code="invalid_request")
+            raise APIError(
+                400,
+                "Only responses created with background=true can be cancelled.",
+                code="invalid_request",
+            )
         run = self._live.get(response_id)
         if run is not None and not run.finished.is_set():
             await self._cancel_here(response_id)
             await run.finished.wait()
             if not run.handed_off:
                 return await self.get(response_id)
-        elif row.status not in _TERMINAL_STATUSES and await self.remote_cancels.request(response_id, row.owner):
+        elif row.status not in _TERMINAL_STATUSES and await self.remote_cancels.request(
+            response_id, row.owner
+        ):
             # generated by another replica: its owner is asked; follow the log to its end
             await self._wait_terminal(response_id, row.last_seq)
         response = await self.get(response_id)
@@ -950,5 +1006,3 @@ class ResponseService:
 def _retrieve(future: asyncio.Future[None]) -> None:
     if not future.cancelled():
         future.exception()
-
-

@@ -31,7 +31,9 @@ def _gc_threshold(value: str) -> tuple[int, int, int] | None:
         return None
     parts = tuple(int(part) for part in value.split(","))
     if len(parts) != 3 or min(parts) < 1:
-        raise ValueError(f"RESPONSES_LEDGER_GC_THRESHOLD: {value!r} is not gen0,gen1,gen2 (or python)")
+        raise ValueError(
+            f"RESPONSES_LEDGER_GC_THRESHOLD: {value!r} is not gen0,gen1,gen2 (or python)"
+        )
     return parts[0], parts[1], parts[2]
 
 

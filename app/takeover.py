@@ -69,7 +69,9 @@ class GenerationSpec:
     encrypt_reasoning: bool = False
 
     @classmethod
-    def of(cls, rendered: RenderedPrompt, sampling: Sampling, *, encrypt_reasoning: bool) -> GenerationSpec:
+    def of(
+        cls, rendered: RenderedPrompt, sampling: Sampling, *, encrypt_reasoning: bool
+    ) -> GenerationSpec:
         return cls(
             sampling=sampling,
             custom_tools=tuple(rendered.custom_names),
@@ -170,7 +172,9 @@ class CannotContinue(Exception):
 class Takeovers:
     """Claims orphaned responses for this replica and continues (or closes) them."""
 
-    def __init__(self, service: ResponseService, *, mode: str, new_id: Callable[[str], str]) -> None:
+    def __init__(
+        self, service: ResponseService, *, mode: str, new_id: Callable[[str], str]
+    ) -> None:
         self._service = service
         self._mode = mode
         self._new_id = new_id
@@ -216,7 +220,11 @@ class Takeovers:
         )
         self.continued += 1
         log.warning(
-            "response %s: taken over from %s at seq %d (%s)", response_id, from_owner, resumed.next_seq, why
+            "response %s: taken over from %s at seq %d (%s)",
+            response_id,
+            from_owner,
+            resumed.next_seq,
+            why,
         )
         return True
 
@@ -258,7 +266,9 @@ class Takeovers:
             finish = "length"
         if finish is None and spec.sampling.grammar is not None and tokens:
             # vLLM would start the grammar again at the continuation's first token
-            raise CannotContinue(f"{why}, and its output is held to a grammar that cannot resume mid-turn")
+            raise CannotContinue(
+                f"{why}, and its output is held to a grammar that cannot resume mid-turn"
+            )
         limit = service.engine.max_model_len
         if finish is None and limit is not None and len(prompt_ids) + len(tokens) >= limit:
             raise CannotContinue(f"{why}, and its context is full ({limit} tokens)")

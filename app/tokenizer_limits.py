@@ -91,7 +91,9 @@ def _ranges(wanted: Callable[[str], bool]) -> str:
     return "".join(out)
 
 
-def _find(pattern: re.Pattern[str], text: str, start: int = 0, end: int | None = None) -> int | None:
+def _find(
+    pattern: re.Pattern[str], text: str, start: int = 0, end: int | None = None
+) -> int | None:
     """Where the first run that ``pattern`` matches starts in ``text[start:end]``, slice by
     slice; runs that start in one slice and end in the next are found (the slice is extended by
     the run length)."""

@@ -82,7 +82,18 @@ from app.settings import Settings
 if TYPE_CHECKING:
     from uvicorn.protocols.http.flow_control import FlowControl
 
-__all__ = ["EXTENSION", "Limits", "Server", "Stats", "body_writer", "bounded_send", "protocol_class", "raise_fd_limit", "run", "server"]
+__all__ = [
+    "EXTENSION",
+    "Limits",
+    "Server",
+    "Stats",
+    "body_writer",
+    "bounded_send",
+    "protocol_class",
+    "raise_fd_limit",
+    "run",
+    "server",
+]
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +146,9 @@ def raise_fd_limit() -> int:
     try:
         resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
     except (ValueError, OSError) as exc:
-        log.warning("could not raise the file-descriptor limit from %d to %d: %s", soft, target, exc)
+        log.warning(
+            "could not raise the file-descriptor limit from %d to %d: %s", soft, target, exc
+        )
         return int(soft)
     return int(target)
 
@@ -179,17 +192,29 @@ class _Connections:
         soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
         soft = int(soft) if soft != resource.RLIM_INFINITY else 1 << 20
         used = _open_fds()
-        fits = None if used is None else soft - (used - connections_now) - max(_RESERVE_MIN, soft // _RESERVE_FRACTION)
+        fits = (
+            None
+            if used is None
+            else soft - (used - connections_now) - max(_RESERVE_MIN, soft // _RESERVE_FRACTION)
+        )
         if self.limits.max_connections > 0:
             self.cap = self.limits.max_connections
             if fits is not None and self.cap > fits:
                 log.warning(
                     "http_max_connections=%d is more than the file-descriptor limit (%d, %d in use) leaves room for (%d)",
-                    self.cap, soft, used, fits,
+                    self.cap,
+                    soft,
+                    used,
+                    fits,
                 )
         elif fits is not None:
             self.cap = max(fits, 16)
-        log.info("connection cap: %s (file-descriptor limit %d, %s in use at start)", self.cap, soft, used)
+        log.info(
+            "connection cap: %s (file-descriptor limit %d, %s in use at start)",
+            self.cap,
+            soft,
+            used,
+        )
 
     def admit(self, conn: _Guard) -> bool:
         """Count a new connection; over the cap, close a lingering one or else the
@@ -231,9 +256,13 @@ def _blank_line(buf: bytes) -> int:
     return min(ends) if ends else -1
 
 
-def _answer(status: int, reason: str, message: str, code: str, *, retry_after: int | None = None) -> bytes:
+def _answer(
+    status: int, reason: str, message: str, code: str, *, retry_after: int | None = None
+) -> bytes:
     body = json.dumps(
-        error_body(message, "server_error" if status >= 500 else "invalid_request_error", None, code)
+        error_body(
+            message, "server_error" if status >= 500 else "invalid_request_error", None, code
+        )
     ).encode()
     head = [
         f"HTTP/1.1 {status} {reason}",
@@ -257,7 +286,9 @@ class _Guard:
         timeout_keep_alive: int  # a float in fact (uvicorn's annotation)
         timeout_keep_alive_task: asyncio.TimerHandle | None
 
-    def __init__(self, config: Any, server_state: Any, app_state: dict[str, Any], _loop: Any = None) -> None:
+    def __init__(
+        self, config: Any, server_state: Any, app_state: dict[str, Any], _loop: Any = None
+    ) -> None:
         super().__init__(config, server_state, app_state, _loop)  # type: ignore[call-arg]
         self._connections: _Connections = config.connections
         self._limits = self._connections.limits
@@ -280,8 +311,14 @@ class _Guard:
         self._counted = True
         if not self._connections.admit(self):
             # closed at once: refused connections must not hold descriptors the cap counts on
-            self._reject(503, "Service Unavailable", "The server has too many open connections; retry shortly.",
-                         "too_many_connections", retry_after=1, linger=False)
+            self._reject(
+                503,
+                "Service Unavailable",
+                "The server has too many open connections; retry shortly.",
+                "too_many_connections",
+                retry_after=1,
+                linger=False,
+            )
             return
         self._wait(_HEAD)
 
@@ -360,7 +397,11 @@ class _Guard:
         flow = self.flow
 
         async def send_bounded(message: Any) -> None:
-            if flow.write_paused and message.get("more_body", False) and not self.transport.is_closing():
+            if (
+                flow.write_paused
+                and message.get("more_body", False)
+                and not self.transport.is_closing()
+            ):
                 self._cut_send_buffer()
             await send(message)  # after a cut it returns once uvicorn sees the connection lost
 
@@ -368,8 +409,11 @@ class _Guard:
 
     def _cut_send_buffer(self) -> None:
         """Close a live stream whose client left more than ``send_buffer_bytes`` unread."""
-        log.info("closing a stream whose client has %d bytes unread (send_buffer_bytes=%d)",
-                 self.transport.get_write_buffer_size(), self._limits.send_buffer_bytes)
+        log.info(
+            "closing a stream whose client has %d bytes unread (send_buffer_bytes=%d)",
+            self.transport.get_write_buffer_size(),
+            self._limits.send_buffer_bytes,
+        )
         self._connections.stats.cut_send_buffer += 1
         self._cut()
 
@@ -386,7 +430,12 @@ class _Guard:
         self._connections.stats.written_direct += 1
 
         def write(body: bytes) -> bool:
-            if self.cycle is not cycle or cycle.response_complete or cycle.disconnected or transport.is_closing():
+            if (
+                self.cycle is not cycle
+                or cycle.response_complete
+                or cycle.disconnected
+                or transport.is_closing()
+            ):
                 return False
             if flow.write_paused:  # more than send_buffer_bytes unread: what send_bounded does
                 self._cut_send_buffer()
@@ -434,7 +483,9 @@ class _Guard:
             self._head_timer.cancel()
             self._head_timer = None
         if phase is _HEAD:
-            self._head_timer = self.loop.call_later(self._limits.header_timeout_s, self._head_timed_out)
+            self._head_timer = self.loop.call_later(
+                self._limits.header_timeout_s, self._head_timed_out
+            )
 
     def _busy(self) -> None:
         self._phase = _REQUEST
@@ -454,9 +505,12 @@ class _Guard:
             self._head_tail = scan[-3:]
         if self._head_bytes > self._limits.max_head_bytes:
             self._connections.stats.head_too_large += 1
-            self._reject(431, "Request Header Fields Too Large",
-                         f"The request head is larger than {self._limits.max_head_bytes} bytes.",
-                         "request_header_fields_too_large")
+            self._reject(
+                431,
+                "Request Header Fields Too Large",
+                f"The request head is larger than {self._limits.max_head_bytes} bytes.",
+                "request_header_fields_too_large",
+            )
             return False
         return True
 
@@ -468,16 +522,22 @@ class _Guard:
         if self._head_bytes == 0 and not self._head_tail:
             self._close()  # nothing sent: like an idle keep-alive connection
             return
-        self._reject(408, "Request Timeout",
-                     f"The request head did not arrive within {self._limits.header_timeout_s:g} seconds.",
-                     "request_timeout")
+        self._reject(
+            408,
+            "Request Timeout",
+            f"The request head did not arrive within {self._limits.header_timeout_s:g} seconds.",
+            "request_timeout",
+        )
 
     def _stalled(self) -> None:
         self._stall_timer = None
         if self.transport.is_closing():
             return
-        log.info("closing a connection whose client read nothing for %g s (%d bytes unsent)",
-                 self._limits.send_stall_s, self.transport.get_write_buffer_size())
+        log.info(
+            "closing a connection whose client read nothing for %g s (%d bytes unsent)",
+            self._limits.send_stall_s,
+            self.transport.get_write_buffer_size(),
+        )
         self._connections.stats.cut_stalled += 1
         self._cut()
 
@@ -487,7 +547,13 @@ class _Guard:
         self._close()
 
     def _reject(
-        self, status: int, reason: str, message: str, code: str, *, retry_after: int | None = None,
+        self,
+        status: int,
+        reason: str,
+        message: str,
+        code: str,
+        *,
+        retry_after: int | None = None,
         linger: bool = True,
     ) -> None:
         """Answer ``status`` and close; with ``linger``, what the client still sends is read
@@ -610,6 +676,7 @@ class Server(uvicorn.Server):
             return
         self._draining = True
         loop = asyncio.get_event_loop()
+
         def start() -> None:  # kept: the loop holds only a weak reference to a task
             self._drain_task = loop.create_task(self._drain(service), name="app.drain")
 

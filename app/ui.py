@@ -120,7 +120,10 @@ async def _admin(ring: KeyRing | None, scope: Scope) -> Caller:
         )
     if caller.role != "admin":
         raise APIError(
-            403, "The audit page is for admin keys only.", type="permission_error", code="admin_only"
+            403,
+            "The audit page is for admin keys only.",
+            type="permission_error",
+            code="admin_only",
         )
     return caller
 
@@ -169,7 +172,9 @@ def _time(request: Request, name: str) -> int | None:
     try:
         moment = datetime.fromisoformat(raw)
     except ValueError:
-        raise _bad(name, "expected unix seconds or a date and time such as 2026-12-01T18:30.") from None
+        raise _bad(
+            name, "expected unix seconds or a date and time such as 2026-12-01T18:30."
+        ) from None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
     return math.floor(moment.timestamp())
@@ -278,7 +283,12 @@ def timeline(times: Sequence[tuple[int, str, float]]) -> dict[str, Any]:
         if gap >= threshold
     ]
     rate = None
-    if deltas >= 2 and last_delta is not None and first_delta is not None and last_delta > first_delta:
+    if (
+        deltas >= 2
+        and last_delta is not None
+        and first_delta is not None
+        and last_delta > first_delta
+    ):
         rate = (deltas - 1) / (last_delta - first_delta)
     sizes = [b[2] - b[1] + 1 for b in batches]
     return {
@@ -321,16 +331,23 @@ def svg_timeline(line: dict[str, Any], width: int = 900, height: int = 240) -> d
         here = int(t * kx * 2)
         if here != bucket:
             if bucket is not None:
-                points.append(f"{pad_l + bucket / 2:.1f},{pad_t + inner_h - ky * low:.1f} "
-                              f"{pad_l + bucket / 2:.1f},{pad_t + inner_h - ky * high:.1f}")
+                points.append(
+                    f"{pad_l + bucket / 2:.1f},{pad_t + inner_h - ky * low:.1f} "
+                    f"{pad_l + bucket / 2:.1f},{pad_t + inner_h - ky * high:.1f}"
+                )
             bucket, low = here, first
         high = last
     if bucket is not None:
-        points.append(f"{pad_l + bucket / 2:.1f},{pad_t + inner_h - ky * low:.1f} "
-                      f"{pad_l + bucket / 2:.1f},{pad_t + inner_h - ky * high:.1f}")
+        points.append(
+            f"{pad_l + bucket / 2:.1f},{pad_t + inner_h - ky * low:.1f} "
+            f"{pad_l + bucket / 2:.1f},{pad_t + inner_h - ky * high:.1f}"
+        )
     dots = []
     if len(batches) <= MAX_DOTS:
-        dots = [(x(t), round(pad_t + inner_h - ky * last, 1), t, first, last) for t, first, last in batches]
+        dots = [
+            (x(t), round(pad_t + inner_h - ky * last, 1), t, first, last)
+            for t, first, last in batches
+        ]
     return {
         "width": width,
         "height": height,
@@ -394,13 +411,18 @@ async def response_page(request: Request) -> Response:
     )
     later = sorted(later, key=lambda r: (r.created_at, r.id))
     later_items = [
-        (next_row, (await store.list_input_items(next_row.id, after=None, limit=1000, order="asc"))[0])
+        (
+            next_row,
+            (await store.list_input_items(next_row.id, after=None, limit=1000, order="asc"))[0],
+        )
         for next_row in later
     ]
     conversation = _conversation_id(row.request)
     turns: list[ResponseRow] = []
     if conversation is not None:
-        found, _ = await store.list_responses(ResponseQuery(conversation=conversation, limit=PAGE_SIZE))
+        found, _ = await store.list_responses(
+            ResponseQuery(conversation=conversation, limit=PAGE_SIZE)
+        )
         turns = sorted(found, key=lambda r: (r.created_at, r.id))
     inputs, _ = await store.list_input_items(response_id, after=None, limit=1000, order="asc")
     line = timeline(times)
@@ -453,7 +475,12 @@ async def resume_stream(request: Request) -> Response:
 
 routes = [
     Route("/ui", guard(list_page), methods=["GET"], include_in_schema=False),
-    Route("/ui/responses/{response_id}", guard(response_page), methods=["GET"], include_in_schema=False),
+    Route(
+        "/ui/responses/{response_id}",
+        guard(response_page),
+        methods=["GET"],
+        include_in_schema=False,
+    ),
     Route(
         "/ui/responses/{response_id}/log.jsonl",
         guard(log_download),

@@ -157,7 +157,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     if args.command == "run" and args.stagger and not args.token_delay_ms:
-        parser.error("--stagger needs --token-delay-ms: only a paced stream has a duration to spread the starts over")
+        parser.error(
+            "--stagger needs --token-delay-ms: only a paced stream has a duration to spread the starts over"
+        )
     if args.command == "run" and (args.rounds < 1 or args.reps < 1):
         parser.error("--rounds and --reps take 1 or more")
     targets = default_targets()

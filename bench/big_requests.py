@@ -52,14 +52,20 @@ def _big_body(size: int) -> bytes:
 
 
 async def _stream_forever(
-    client: httpx.AsyncClient, url: str, body: dict[str, Any], stop: asyncio.Event, gaps: list[float]
+    client: httpx.AsyncClient,
+    url: str,
+    body: dict[str, Any],
+    stop: asyncio.Event,
+    gaps: list[float],
 ) -> int:
     """Run streams one after another until ``stop``; append every inter-event gap (seconds)."""
     streams = 0
     while not stop.is_set():
         async with client.stream("POST", url, json=body) as response:
             if response.status_code != 200:
-                raise RuntimeError(f"stream answered {response.status_code}: {await response.aread()!r}")
+                raise RuntimeError(
+                    f"stream answered {response.status_code}: {await response.aread()!r}"
+                )
             last: float | None = None
             async for chunk in response.aiter_raw():
                 now = time.perf_counter()
@@ -74,7 +80,9 @@ async def _stream_forever(
     return streams
 
 
-def _post_big(url: str, bodies: list[bytes], stop: threading.Event, results: list[tuple[int, int, float]]) -> None:
+def _post_big(
+    url: str, bodies: list[bytes], stop: threading.Event, results: list[tuple[int, int, float]]
+) -> None:
     with httpx.Client(timeout=300) as client:
         i = 0
         while not stop.is_set():
@@ -94,7 +102,9 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def _phase(base: str, streams: int, seconds: float, bodies: list[bytes] | None) -> dict[str, Any]:
+async def _phase(
+    base: str, streams: int, seconds: float, bodies: list[bytes] | None
+) -> dict[str, Any]:
     url = base + "/v1/responses"
     body = {"model": LEDGER_MODEL, "input": "Write a long story.", "stream": True}
     stop = asyncio.Event()
@@ -103,12 +113,17 @@ async def _phase(base: str, streams: int, seconds: float, bodies: list[bytes] | 
     big_stop = threading.Event()
     limits = httpx.Limits(max_connections=streams + 4, max_keepalive_connections=streams + 4)
     async with httpx.AsyncClient(timeout=120, limits=limits) as client:
-        tasks = [asyncio.create_task(_stream_forever(client, url, body, stop, gaps)) for _ in range(streams)]
+        tasks = [
+            asyncio.create_task(_stream_forever(client, url, body, stop, gaps))
+            for _ in range(streams)
+        ]
         await asyncio.sleep(1.0)  # every stream under way before measuring
         gaps.clear()
         sender = None
         if bodies:
-            sender = threading.Thread(target=_post_big, args=(url, bodies, big_stop, big), daemon=True)
+            sender = threading.Thread(
+                target=_post_big, args=(url, bodies, big_stop, big), daemon=True
+            )
             sender.start()
         await asyncio.sleep(seconds)
         big_stop.set()
@@ -137,7 +152,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--token-delay-ms", type=float, default=10.0)
     parser.add_argument("--tokens", type=int, default=200, help="deltas per stream")
-    parser.add_argument("--sizes", default="8000000,16000000", help="bytes of each large request, cycled")
+    parser.add_argument(
+        "--sizes", default="8000000,16000000", help="bytes of each large request, cycled"
+    )
     parser.add_argument("--database-url", help="default: a fresh SQLite file")
     args = parser.parse_args(argv)
 

@@ -72,16 +72,32 @@ def _completion(text: str) -> str:
 
 
 @contextmanager
-def _server(workdir: Path, turns: list[dict[str, Any]], *, fd_limit: int | None = None) -> Iterator[tuple[str, int]]:
+def _server(
+    workdir: Path, turns: list[dict[str, Any]], *, fd_limit: int | None = None
+) -> Iterator[tuple[str, int]]:
     script = workdir / "script.json"
     script.write_text(json.dumps({"turns": turns, "cycle": True}))
     port = _free_port()
-    env = {**os.environ, "RESPONSES_LEDGER_CACHE": os.environ.get("RESPONSES_LEDGER_CACHE", str(REPO / ".cache"))}
+    env = {
+        **os.environ,
+        "RESPONSES_LEDGER_CACHE": os.environ.get("RESPONSES_LEDGER_CACHE", str(REPO / ".cache")),
+    }
     env.pop("DATABASE_URL", None)
     argv = [
-        _command(), "serve", "--engine", "scripted", "--script", str(script),
-        "--database-url", f"sqlite+aiosqlite:///{workdir / 'responses.db'}",
-        "--port", str(port), "--served-model-name", MODEL, "--log-level", "warning",
+        _command(),
+        "serve",
+        "--engine",
+        "scripted",
+        "--script",
+        str(script),
+        "--database-url",
+        f"sqlite+aiosqlite:///{workdir / 'responses.db'}",
+        "--port",
+        str(port),
+        "--served-model-name",
+        MODEL,
+        "--log-level",
+        "warning",
     ]
 
     def limit_fds() -> None:
@@ -89,14 +105,23 @@ def _server(workdir: Path, turns: list[dict[str, Any]], *, fd_limit: int | None 
             resource.setrlimit(resource.RLIMIT_NOFILE, (fd_limit, fd_limit))
 
     log = (workdir / "server.log").open("wb")
-    proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
-                            preexec_fn=limit_fds, start_new_session=True)
+    proc = subprocess.Popen(
+        argv,
+        cwd=REPO,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        preexec_fn=limit_fds,
+        start_new_session=True,
+    )
     base = f"http://{HOST}:{port}"
     try:
         deadline = time.monotonic() + 90
         while True:
             if proc.poll() is not None:
-                raise SystemExit(f"the server exited ({proc.returncode}): {(workdir / 'server.log').read_text()[-2000:]}")
+                raise SystemExit(
+                    f"the server exited ({proc.returncode}): {(workdir / 'server.log').read_text()[-2000:]}"
+                )
             try:
                 if httpx.get(base + "/health", timeout=1).status_code == 200:
                     break
@@ -141,8 +166,10 @@ class _Sampler:
 
 def _post(body: dict[str, Any]) -> bytes:
     data = json.dumps(body).encode()
-    return (f"POST /v1/responses HTTP/1.1\r\nHost: {HOST}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(data)}\r\n\r\n").encode() + data
+    return (
+        f"POST /v1/responses HTTP/1.1\r\nHost: {HOST}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(data)}\r\n\r\n"
+    ).encode() + data
 
 
 def _stall(port: int, resume: bool = False) -> tuple[socket.socket, str]:
@@ -153,13 +180,20 @@ def _stall(port: int, resume: bool = False) -> tuple[socket.socket, str]:
     sock.settimeout(60)
     sock.connect((HOST, port))
     if resume:
-        created = httpx.post(f"http://{HOST}:{port}/v1/responses", timeout=60,
-                             json={"model": MODEL, "input": "go", "background": True}).json()
-        sock.sendall(f"GET /v1/responses/{created['id']}?stream=true HTTP/1.1\r\nHost: {HOST}\r\n\r\n".encode())
+        created = httpx.post(
+            f"http://{HOST}:{port}/v1/responses",
+            timeout=60,
+            json={"model": MODEL, "input": "go", "background": True},
+        ).json()
+        sock.sendall(
+            f"GET /v1/responses/{created['id']}?stream=true HTTP/1.1\r\nHost: {HOST}\r\n\r\n".encode()
+        )
     else:
         sock.sendall(_post({"model": MODEL, "input": "go", "stream": True}))
     seen = b""
-    while b'"response.created"' not in seen or b"\n\n" not in seen.split(b'"response.created"', 1)[1]:
+    while (
+        b'"response.created"' not in seen or b"\n\n" not in seen.split(b'"response.created"', 1)[1]
+    ):
         chunk = sock.recv(4096)
         if not chunk:
             raise RuntimeError(f"the stream ended before response.created: {seen[:300]!r}")
@@ -189,8 +223,12 @@ def _rest(sock: socket.socket, timeout: float) -> tuple[int, bool, str]:
 
 
 def _read_all(base: str, out: list[int]) -> None:
-    with httpx.stream("POST", base + "/v1/responses", timeout=600,
-                      json={"model": MODEL, "input": "go", "stream": True}) as r:
+    with httpx.stream(
+        "POST",
+        base + "/v1/responses",
+        timeout=600,
+        json={"model": MODEL, "input": "go", "stream": True},
+    ) as r:
         out.append(sum(len(c) for c in r.iter_bytes()))
 
 
@@ -198,7 +236,10 @@ def _generate(readers: int, words: int, stall: bool, resume: bool = False) -> di
     """``readers`` streamed responses at once, their clients stalled after response.created
     (or reading everything, ``stall=False``): the server's RSS before and at its peak."""
     text = " ".join(f"word{i}" for i in range(words))
-    with tempfile.TemporaryDirectory() as tmp, _server(Path(tmp), [{"completion": _completion(text)}]) as (base, pid):
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        _server(Path(tmp), [{"completion": _completion(text)}]) as (base, pid),
+    ):
         port = int(base.rsplit(":", 1)[1])
         sizes: list[int] = []
         _read_all(base, sizes)  # a reader that reads: the stream's size, and a warm server
@@ -221,7 +262,9 @@ def _generate(readers: int, words: int, stall: bool, resume: bool = False) -> di
                                     states[rid] = status
                         time.sleep(0.5)
             else:
-                threads = [threading.Thread(target=_read_all, args=(base, sizes)) for _ in range(readers)]
+                threads = [
+                    threading.Thread(target=_read_all, args=(base, sizes)) for _ in range(readers)
+                ]
                 for thread in threads:
                     thread.start()
                 for thread in threads:
@@ -237,7 +280,9 @@ def _generate(readers: int, words: int, stall: bool, resume: bool = False) -> di
         "stream_mb": round(sizes[0] / 1e6, 2),
         "before": before / mib,
         "peak": sampler.peak / mib,
-        "completed": sum(1 for s in states.values() if s == "completed") if stall else len(sizes) - 1,
+        "completed": sum(1 for s in states.values() if s == "completed")
+        if stall
+        else len(sizes) - 1,
         "closed": sum(1 for _, completed, how in rests if how != "open" and not completed),
         "generated_s": generated_s,
     }
@@ -292,7 +337,9 @@ async def _slow_client(port: int, stop: asyncio.Event, counts: dict[str, int]) -
         await asyncio.sleep(0.1)  # and connect again
 
 
-async def _slow_heads(base: str, slow: int, requests: int, interval: float, timeout: float) -> dict[str, Any]:
+async def _slow_heads(
+    base: str, slow: int, requests: int, interval: float, timeout: float
+) -> dict[str, Any]:
     port = int(base.rsplit(":", 1)[1])
     stop = asyncio.Event()
     counts = {"connections": 0, "closed": 0, "connect_failed": 0}
@@ -305,8 +352,11 @@ async def _slow_heads(base: str, slow: int, requests: int, interval: float, time
         async def one() -> None:
             start = time.monotonic()
             try:
-                resp = await http.post("/v1/responses", json={"model": MODEL, "input": "hello"},
-                                       headers={"Connection": "close"})
+                resp = await http.post(
+                    "/v1/responses",
+                    json={"model": MODEL, "input": "hello"},
+                    headers={"Connection": "close"},
+                )
                 if resp.status_code != 200:
                     failures.append(f"HTTP {resp.status_code}")
                     return
@@ -333,19 +383,37 @@ async def _slow_heads(base: str, slow: int, requests: int, interval: float, time
     }
 
 
-def slow_heads(slow: int, requests: int, fd_limit: int, interval: float, timeout: float) -> dict[str, Any]:
+def slow_heads(
+    slow: int, requests: int, fd_limit: int, interval: float, timeout: float
+) -> dict[str, Any]:
     turns = [{"completion": _completion("Hello there.")}]
-    with tempfile.TemporaryDirectory() as tmp, _server(Path(tmp), turns, fd_limit=fd_limit) as (base, _):
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        _server(Path(tmp), turns, fd_limit=fd_limit) as (base, _),
+    ):
         result = asyncio.run(_slow_heads(base, slow, requests, interval, timeout))
     return {"fd_limit": fd_limit, **result}
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.clients", description=__doc__.split("\n\n")[0])
-    parser.add_argument("scenario", nargs="?", choices=["stalled", "slow-heads", "both"], default="both")
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.clients", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument(
+        "scenario", nargs="?", choices=["stalled", "slow-heads", "both"], default="both"
+    )
     parser.add_argument("--readers", type=int, default=96)
-    parser.add_argument("--words", type=int, default=6_800, help="final text of each response (6,800: ~4.7 MB of SSE)")
-    parser.add_argument("--resume", action="store_true", help="stalled: the clients resume background responses instead")
+    parser.add_argument(
+        "--words",
+        type=int,
+        default=6_800,
+        help="final text of each response (6,800: ~4.7 MB of SSE)",
+    )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="stalled: the clients resume background responses instead",
+    )
     parser.add_argument("--slow", type=int, default=250)
     parser.add_argument("--requests", type=int, default=20)
     parser.add_argument("--fd-limit", type=int, default=256)
@@ -355,9 +423,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     runs: dict[str, Callable[[], dict[str, Any]]] = {
         "stalled": lambda: stalled(args.readers, args.words, args.resume),
-        "slow-heads": lambda: slow_heads(args.slow, args.requests, args.fd_limit, args.interval, args.timeout),
+        "slow-heads": lambda: slow_heads(
+            args.slow, args.requests, args.fd_limit, args.interval, args.timeout
+        ),
     }
-    for name in (["stalled", "slow-heads"] if args.scenario == "both" else [args.scenario]):
+    for name in ["stalled", "slow-heads"] if args.scenario == "both" else [args.scenario]:
         result = runs[name]()
         if args.json:
             print(json.dumps({"scenario": name, **result}))

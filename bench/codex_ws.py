@@ -80,7 +80,9 @@ def _server(tree: Path, workdir: Path) -> Iterator[str]:
         deadline = time.monotonic() + 90
         while True:
             if proc.poll() is not None:
-                raise SystemExit(f"the server exited: {(workdir / 'server.log').read_text()[-2000:]}")
+                raise SystemExit(
+                    f"the server exited: {(workdir / 'server.log').read_text()[-2000:]}"
+                )
             try:
                 if httpx.get(base + "/health", timeout=1).status_code == 200:
                     break
@@ -176,14 +178,19 @@ def _summary(values: list[float | None]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.codex_ws", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.codex_ws", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--tree", type=Path, default=REPO, help="the checkout whose server runs")
     args = parser.parse_args(argv)
     if not CODEX.exists():
         raise SystemExit("Codex CLI not installed: run scripts/install-codex.sh")
     figures: dict[str, list[tuple[float | None, float | None, bool]]] = {"openai": [], "custom": []}
-    with tempfile.TemporaryDirectory(prefix="bench-codex-server-") as work, _server(args.tree, Path(work)) as base:
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-codex-server-") as work,
+        _server(args.tree, Path(work)) as base,
+    ):
         for _ in range(args.runs):
             for provider in ("openai", "custom"):
                 figures[provider].append(_run(provider, base))

@@ -87,7 +87,11 @@ async def _measure(url: str, others: int) -> dict[str, float]:
         middle = items[51]["id"]
         enc = load_encoding()
         service = ResponseService(
-            Settings(engine="echo"), store, EchoEngine(enc, ["bench"]), enc, ReasoningCipher(new_key())
+            Settings(engine="echo"),
+            store,
+            EchoEngine(enc, ["bench"]),
+            enc,
+            ReasoningCipher(new_key()),
         )
         request = CreateResponse(model="bench", input="next")
 

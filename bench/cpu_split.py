@@ -186,15 +186,23 @@ def render(profiles: Sequence[Profiled]) -> str:
         lines.append(f"| calls a token | {calls} |")
         rest_a_response: list[str] = []
         for s in splits:  # under the middle column of each target
-            rest_a_response += ["", f"{s.us_per_token(None, False) * s.tokens / max(s.responses, 1) / 1000:.2f} ms", ""]
+            rest_a_response += [
+                "",
+                f"{s.us_per_token(None, False) * s.tokens / max(s.responses, 1) / 1000:.2f} ms",
+                "",
+            ]
         lines.append("| the rest, a response | " + " | ".join(rest_a_response) + " |")
         blocks.append("\n".join(lines))
     return "\n\n".join(blocks)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.cpu_split", description=__doc__.split("\n")[0])
-    parser.add_argument("directory", type=Path, help="where `python -m bench run --profile` wrote its profiles")
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.cpu_split", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument(
+        "directory", type=Path, help="where `python -m bench run --profile` wrote its profiles"
+    )
     args = parser.parse_args(argv)
     profiles = load_dir(args.directory)
     if not profiles:

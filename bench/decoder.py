@@ -58,7 +58,10 @@ def main() -> None:
     tokens = enc.encode(_completion(args.tokens // 4), allowed_special="all")
     n = len(tokens)
 
-    made_up = {k: [(-0.5, [((t + i) % 199_000, -1.0 - i) for i in range(k)]) for t in tokens] for k in (0, 5, 20)}
+    made_up = {
+        k: [(-0.5, [((t + i) % 199_000, -1.0 - i) for i in range(k)]) for t in tokens]
+        for k in (0, 5, 20)
+    }
 
     def parser_only() -> None:
         p = StreamableParser(enc, Role.ASSISTANT)

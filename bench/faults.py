@@ -93,7 +93,9 @@ def _row(name: str, run: Any, check: Callable[[], None]) -> dict[str, Any]:
     return row
 
 
-def _run(name: str, streams: int, workdir: Path, cluster: PgCluster | None) -> tuple[dict[str, Any], str]:
+def _run(
+    name: str, streams: int, workdir: Path, cluster: PgCluster | None
+) -> tuple[dict[str, Any], str]:
     def disk() -> Tmpfs:
         return Tmpfs("64m" if streams > 16 else "16m")
 
@@ -125,7 +127,9 @@ def _run(name: str, streams: int, workdir: Path, cluster: PgCluster | None) -> t
         run = scenarios.sqlite_lock(workdir, streams=streams)
         check = lambda: expectations.outage(run)  # noqa: E731
     elif name == "sqlite-poisoned":
-        run = scenarios.poisoned(workdir, f"sqlite+aiosqlite:///{workdir / 'poisoned.db'}", streams=streams)
+        run = scenarios.poisoned(
+            workdir, f"sqlite+aiosqlite:///{workdir / 'poisoned.db'}", streams=streams
+        )
         check = lambda: expectations.poisoned(run)  # noqa: E731
     else:
         mode = name.rsplit("-", 1)[1]
@@ -135,13 +139,27 @@ def _run(name: str, streams: int, workdir: Path, cluster: PgCluster | None) -> t
     return _row(name, run, check), run.summary()
 
 
-COLUMNS = ("fault", "streams", "acked", "lost", "non_terminal", "silent", "endings",
-           "streams_ended", "terminal_after", "contract")
+COLUMNS = (
+    "fault",
+    "streams",
+    "acked",
+    "lost",
+    "non_terminal",
+    "silent",
+    "endings",
+    "streams_ended",
+    "terminal_after",
+    "contract",
+)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.faults", description=__doc__.split("\n")[0])
-    parser.add_argument("--streams", type=int, default=64, help="live streams per fault (default 64)")
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.faults", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument(
+        "--streams", type=int, default=64, help="live streams per fault (default 64)"
+    )
     parser.add_argument("--only", default="", help=f"comma-separated subset of: {', '.join(NAMES)}")
     parser.add_argument("--verbose", action="store_true", help="print each run's full summary")
     args = parser.parse_args(argv)
@@ -156,7 +174,10 @@ def main(argv: list[str] | None = None) -> int:
     for name in chosen:
         if name.startswith("pg-") and pg_reason:
             skipped[name] = pg_reason
-        if name in ("sqlite-full", "sqlite-degraded-readonly", "sqlite-degraded-full") and mount_reason:
+        if (
+            name in ("sqlite-full", "sqlite-degraded-readonly", "sqlite-degraded-full")
+            and mount_reason
+        ):
             skipped[name] = mount_reason
 
     cluster = None
@@ -174,7 +195,10 @@ def main(argv: list[str] | None = None) -> int:
                 try:
                     row, summary = _run(name, args.streams, Path(tmp), cluster)
                 except Exception as exc:  # the scenario itself broke: report it, go on
-                    row, summary = {"fault": name, "contract": f"error: {type(exc).__name__}: {exc}"[:120]}, ""
+                    row, summary = (
+                        {"fault": name, "contract": f"error: {type(exc).__name__}: {exc}"[:120]},
+                        "",
+                    )
                 row["seconds"] = f"{time.monotonic() - t0:.0f}"
                 rows.append(row)
                 print(f"{name}: done in {row['seconds']} s", file=sys.stderr, flush=True)
@@ -189,8 +213,10 @@ def main(argv: list[str] | None = None) -> int:
     print("|" + "|".join("---" for _ in columns) + "|")
     for row in rows:
         print("| " + " | ".join(str(row.get(c, "-")) for c in columns) + " |")
-    print(f"\n{len(rows)} faults in {time.monotonic() - started:.0f} s; targets: lost, "
-          "non_terminal and silent 0 for every fault")
+    print(
+        f"\n{len(rows)} faults in {time.monotonic() - started:.0f} s; targets: lost, "
+        "non_terminal and silent 0 for every fault"
+    )
     return 0
 
 

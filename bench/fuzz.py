@@ -60,7 +60,21 @@ class Outcome:
 
 # -- values ----------------------------------------------------------------------------------
 
-_WEIRD_CHARS = ["\udfff", "\ud800", "\x00", "\x01", "\u2028", "\ufeff", "😀", "中", "é", "\\", '"', "\n", " "]
+_WEIRD_CHARS = [
+    "\udfff",
+    "\ud800",
+    "\x00",
+    "\x01",
+    "\u2028",
+    "\ufeff",
+    "😀",
+    "中",
+    "é",
+    "\\",
+    '"',
+    "\n",
+    " ",
+]
 _TEXT = st.one_of(
     st.text(max_size=20),
     st.lists(st.sampled_from([*_WEIRD_CHARS, "a", "b", " "]), max_size=12).map("".join),
@@ -71,7 +85,11 @@ _NUMBER_LITERALS = st.sampled_from(
      "18446744073709551616", "9223372036854775808", "0", "-1", "1.5", "2", "1e-400", "100000"]
 )  # fmt: skip
 _SCALARS = st.one_of(
-    st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=True, allow_infinity=True), _TEXT
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    _TEXT,
 )
 
 
@@ -109,14 +127,21 @@ def _item(draw: st.DrawFn) -> Any:
     kind = draw(st.sampled_from([*_ITEM_TYPES, None]))
     item: dict[str, Any] = {} if kind is None else {"type": kind}
     if draw(st.booleans()):
-        item["role"] = draw(st.sampled_from(["user", "assistant", "system", "developer", "tool", "x"]))
+        item["role"] = draw(
+            st.sampled_from(["user", "assistant", "system", "developer", "tool", "x"])
+        )
     if draw(st.booleans()):
         item["content"] = draw(
             st.one_of(
                 _TEXT,
                 st.lists(
                     st.fixed_dictionaries(
-                        {"type": st.sampled_from(["input_text", "output_text", "input_image", "x"]), "text": _VALUE}
+                        {
+                            "type": st.sampled_from(
+                                ["input_text", "output_text", "input_image", "x"]
+                            ),
+                            "text": _VALUE,
+                        }
                     ),
                     max_size=3,
                 ),
@@ -131,7 +156,9 @@ def _item(draw: st.DrawFn) -> Any:
 
 @st.composite
 def _tool(draw: st.DrawFn) -> Any:
-    tool: dict[str, Any] = {"type": draw(st.sampled_from(["function", "custom", "web_search", "x", 3]))}
+    tool: dict[str, Any] = {
+        "type": draw(st.sampled_from(["function", "custom", "web_search", "x", 3]))
+    }
     if draw(st.booleans()):
         tool["name"] = draw(_TEXT)
     if draw(st.booleans()):
@@ -156,12 +183,17 @@ _FIELDS: dict[str, st.SearchStrategy[Any]] = {
     "store": st.one_of(st.booleans(), _VALUE),
     "background": st.one_of(st.booleans(), _VALUE),
     "tools": st.one_of(st.lists(_tool(), max_size=3), _VALUE),
-    "tool_choice": st.one_of(st.sampled_from(["auto", "none", "required"]), _VALUE,
-                             st.fixed_dictionaries({"type": st.just("function"), "name": _TEXT})),
+    "tool_choice": st.one_of(
+        st.sampled_from(["auto", "none", "required"]),
+        _VALUE,
+        st.fixed_dictionaries({"type": st.just("function"), "name": _TEXT}),
+    ),
     "max_output_tokens": st.one_of(st.integers(-5, 50), _VALUE),
     "temperature": st.one_of(st.floats(-1, 3), _VALUE),
     "top_p": st.one_of(st.floats(-1, 2), _VALUE),
-    "reasoning": st.one_of(st.fixed_dictionaries({"effort": st.sampled_from(["low", "high", "x"])}), _VALUE),
+    "reasoning": st.one_of(
+        st.fixed_dictionaries({"effort": st.sampled_from(["low", "high", "x"])}), _VALUE
+    ),
     "include": st.one_of(st.lists(st.sampled_from(["reasoning.encrypted_content", "x"])), _VALUE),
     "metadata": st.one_of(st.dictionaries(_TEXT, _TEXT, max_size=3), _VALUE),
     "parallel_tool_calls": _VALUE,
@@ -182,7 +214,9 @@ _GOOD: dict[str, st.SearchStrategy[Any]] = {
     "stream": st.booleans(),
     "store": st.booleans(),
     "background": st.booleans(),
-    "tools": st.just([{"type": "function", "name": "f", "parameters": {"type": "object", "properties": {}}}]),
+    "tools": st.just(
+        [{"type": "function", "name": "f", "parameters": {"type": "object", "properties": {}}}]
+    ),
     "tool_choice": st.sampled_from(["auto", "none"]),
     "max_output_tokens": st.integers(1, 40),
     "temperature": st.floats(0, 2),
@@ -200,9 +234,21 @@ def _create_body(draw: st.DrawFn) -> bytes:
     if draw(st.booleans()):  # a valid request with valid random values, then maybe one bad one
         good: dict[str, Any] = {
             "model": MODEL,
-            "input": draw(st.one_of(_SAFE_TEXT, st.lists(
-                st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant", "developer"]),
-                                       "content": _SAFE_TEXT}), min_size=1, max_size=3))),
+            "input": draw(
+                st.one_of(
+                    _SAFE_TEXT,
+                    st.lists(
+                        st.fixed_dictionaries(
+                            {
+                                "role": st.sampled_from(["user", "assistant", "developer"]),
+                                "content": _SAFE_TEXT,
+                            }
+                        ),
+                        min_size=1,
+                        max_size=3,
+                    ),
+                )
+            ),
         }
         for name in draw(st.lists(st.sampled_from(sorted(_GOOD)), max_size=4, unique=True)):
             good[name] = draw(_GOOD[name])
@@ -222,7 +268,9 @@ def _create_body(draw: st.DrawFn) -> bytes:
     raw = json.dumps(body)  # lone surrogates are written as \\udxxx escapes, NaN as NaN
     if draw(st.integers(0, 5)) == 0:  # a number literal json.dumps will not write, somewhere
         literal = draw(_NUMBER_LITERALS)
-        target = draw(st.sampled_from(["max_output_tokens", "seed", "temperature", "top_p", "zz", "metadata"]))
+        target = draw(
+            st.sampled_from(["max_output_tokens", "seed", "temperature", "top_p", "zz", "metadata"])
+        )
         raw = raw[:-1] + (", " if len(raw) > 2 else "") + f'"{target}": {literal}}}'
     data = raw.encode()
     mutation = draw(st.integers(0, 12))
@@ -235,19 +283,53 @@ def _create_body(draw: st.DrawFn) -> bytes:
         at = draw(st.integers(0, len(data)))
         data = data[:at] + draw(st.binary(max_size=8)) + data[at:]
     elif mutation == 3:  # not an object at all
-        data = draw(st.sampled_from([b"[]", b"null", b"3", b'"x"', b"", b"\xff\xfe", b"[" * 3000, b"{" * 50]))
+        data = draw(
+            st.sampled_from(
+                [b"[]", b"null", b"3", b'"x"', b"", b"\xff\xfe", b"[" * 3000, b"{" * 50]
+            )
+        )
     return data
 
 
 _PATH_IDS = st.one_of(
     st.text(min_size=1, max_size=30).map(lambda s: quote(s, safe="")),
     st.binary(min_size=1, max_size=12).map(lambda b: quote(b, safe="")),
-    st.sampled_from(["resp_x", "resp_%00x", "%00", "resp_%ED%A0%80", "r" * 300, "%2F", "..", "resp_%FF", "%0A%0D"]),
+    st.sampled_from(
+        [
+            "resp_x",
+            "resp_%00x",
+            "%00",
+            "resp_%ED%A0%80",
+            "r" * 300,
+            "%2F",
+            "..",
+            "resp_%FF",
+            "%0A%0D",
+        ]
+    ),
 )
 _QUERY_KEYS = ["stream", "starting_after", "limit", "order", "after", "include", "include[]", "zz"]
 _QUERY_VALUES = st.one_of(
-    st.sampled_from(["true", "false", "1", "0", "-1", "3", "asc", "desc", "", "9" * 30, "1_0", " 5", "\u0663",
-                     "reasoning.encrypted_content", "%00", "x"]),
+    st.sampled_from(
+        [
+            "true",
+            "false",
+            "1",
+            "0",
+            "-1",
+            "3",
+            "asc",
+            "desc",
+            "",
+            "9" * 30,
+            "1_0",
+            " 5",
+            "\u0663",
+            "reasoning.encrypted_content",
+            "%00",
+            "x",
+        ]
+    ),
     st.text(max_size=8),
 )
 
@@ -255,8 +337,17 @@ _QUERY_VALUES = st.one_of(
 @st.composite
 def _read_request(draw: st.DrawFn, known_ids: list[str]) -> FuzzRequest:
     route, method = draw(
-        st.sampled_from([("", "GET"), ("", "DELETE"), ("/cancel", "POST"), ("/input_items", "GET"),
-                         ("/events", "GET"), ("", "POST"), ("/input_items", "DELETE")])
+        st.sampled_from(
+            [
+                ("", "GET"),
+                ("", "DELETE"),
+                ("/cancel", "POST"),
+                ("/input_items", "GET"),
+                ("/events", "GET"),
+                ("", "POST"),
+                ("/input_items", "DELETE"),
+            ]
+        )
     )
     # draws the same whatever known_ids holds (Hypothesis insists on that)
     use_known, index, random_id = draw(st.booleans()), draw(st.integers(0, 49)), draw(_PATH_IDS)
@@ -289,7 +380,12 @@ def send(client: httpx.Client, request: FuzzRequest) -> Outcome:
         with client.stream(request.method, url, content=request.body, headers=headers) as response:
             body = response.read()
             return Outcome(response.status_code, body, dict(response.headers))
-    except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError, httpx.ConnectError) as exc:
+    except (
+        httpx.RemoteProtocolError,
+        httpx.ReadError,
+        httpx.WriteError,
+        httpx.ConnectError,
+    ) as exc:
         return Outcome(None, dropped=f"{type(exc).__name__}: {exc}")
 
 
@@ -308,15 +404,24 @@ def problem(outcome: Outcome) -> str | None:
             isinstance(error, dict)
             and isinstance(error.get("message"), str)
             and isinstance(error.get("type"), str)
-            and all(k in error and (error[k] is None or isinstance(error[k], str)) for k in ("param", "code"))
+            and all(
+                k in error and (error[k] is None or isinstance(error[k], str))
+                for k in ("param", "code")
+            )
         ):
             return f"{outcome.status} with a malformed error: {outcome.body[:300]!r}"
-    if outcome.status == 200 and outcome.headers.get("content-type", "").startswith("application/json"):
+    if outcome.status == 200 and outcome.headers.get("content-type", "").startswith(
+        "application/json"
+    ):
         try:
             data = json.loads(outcome.body)
         except ValueError:
             return f"200 whose body is not JSON: {outcome.body[:300]!r}"
-        if isinstance(data, dict) and data.get("object") == "response" and isinstance(data.get("id"), str):
+        if (
+            isinstance(data, dict)
+            and data.get("object") == "response"
+            and isinstance(data.get("id"), str)
+        ):
             return None
     return None
 

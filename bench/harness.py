@@ -689,7 +689,9 @@ def _run_target(
 
             started = time.monotonic()
             asyncio.run(fill(database.url, config.history, unfinished_every=config.history + 1))
-            config.log(f"  {config.history:,} stored responses in {time.monotonic() - started:.1f} s")
+            config.log(
+                f"  {config.history:,} stored responses in {time.monotonic() - started:.1f} s"
+            )
         port = _free_port()
         values = placeholders(HOST, port, workdir, database.url, config.token_delay_ms)
         values.update(target.prepare(workdir, config.tokens, config.token_delay_ms))
@@ -843,7 +845,11 @@ def summarize(results: Sequence[RunResult], reference: str = "naive") -> list[Su
                 reps=len(ok),
                 tokens_per_s=tps,
                 spread_pct=spread,
-                ratio_to_naive=paired if paired is not None else (tps / ref) if tps and ref else None,
+                ratio_to_naive=paired
+                if paired is not None
+                else (tps / ref)
+                if tps and ref
+                else None,
                 latency_p50_ms=m("latency_p50_ms"),
                 latency_p99_ms=m("latency_p99_ms"),
                 latency_mid_p99_ms=m("latency_mid_p99_ms"),
@@ -891,7 +897,10 @@ _COLUMNS = (
     ("bytes/tok", lambda s: _fmt(s.bytes_per_token, 0)),
     ("peak RSS MiB", lambda s: _fmt(s.peak_rss_mib, 0)),
     ("other CPU", lambda s: _fmt(s.other_cpu_cores, 2)),
-    ("slow commits", lambda s: "-" if s.commits is None else f"{_fmt(s.slow_commits)} of {_fmt(s.commits)}"),
+    (
+        "slow commits",
+        lambda s: "-" if s.commits is None else f"{_fmt(s.slow_commits)} of {_fmt(s.commits)}",
+    ),
     ("errors", lambda s: s.failure[:60] if s.failure else str(s.errors)),
 )
 
@@ -968,10 +977,18 @@ def render_markdown(
         f"Python {info['python']}; {packages}; SQLite {info['sqlite']}",
         f"- Command: `{command}` (code: `{info.get('code', '?')}`)",
         f"- Load: {config.tokens} tokens per stream"
-        + (f" (the engine paced at {config.token_delay_ms:g} ms a token)" if config.token_delay_ms else "")
+        + (
+            f" (the engine paced at {config.token_delay_ms:g} ms a token)"
+            if config.token_delay_ms
+            else ""
+        )
         + f", about {config.total_tokens:,} tokens per "
         f"run{cap}, {config.reps} run(s) per cell"
-        + (f" in each of {config.rounds} rounds (medians over all)" if config.rounds > 1 else " (medians)")
+        + (
+            f" in each of {config.rounds} rounds (medians over all)"
+            if config.rounds > 1
+            else " (medians)"
+        )
         + f", {pin}",
         "- Targets: " + "; ".join(f"**{t.name}**: {t.description}" for t in targets),
         "",

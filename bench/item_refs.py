@@ -48,7 +48,13 @@ _PROJECT = "bench"
 
 
 def _log(response_id: str) -> list[StoredEvent]:
-    skeleton = {"id": response_id, "object": "response", "created_at": 0, "model": "bench", "tools": []}
+    skeleton = {
+        "id": response_id,
+        "object": "response",
+        "created_at": 0,
+        "model": "bench",
+        "tools": [],
+    }
     b = ResponseBuilder(skeleton, new_id=new_id)
     b.created()
     b.in_progress()
@@ -64,7 +70,12 @@ async def _store_one(store: SqlStore, created_at: int) -> tuple[str, list[str]]:
     """One finished response; its (input item id, [output item ids])."""
     response_id = new_id("resp")
     input_id = new_id("msg")
-    item = {"id": input_id, "type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}
+    item = {
+        "id": input_id,
+        "type": "message",
+        "role": "user",
+        "content": [{"type": "input_text", "text": "hi"}],
+    }
     create = store.submit_create(
         NewResponse(
             id=response_id,
@@ -100,9 +111,13 @@ async def measure(url: str, responses: int) -> dict[str, tuple[float, float]]:
         stored: list[tuple[str, list[str]]] = []
         for offset in range(0, responses, 500):
             count = min(500, responses - offset)
-            stored.extend(await asyncio.gather(*(_store_one(store, offset + i) for i in range(count))))
+            stored.extend(
+                await asyncio.gather(*(_store_one(store, offset + i) for i in range(count)))
+            )
         fill_s = time.perf_counter() - started
-        print(f"  stored {responses:,} responses ({3 * responses:,} indexed items) in {fill_s:.1f} s")
+        print(
+            f"  stored {responses:,} responses ({3 * responses:,} indexed items) in {fill_s:.1f} s"
+        )
         rng = random.Random(18)
         outputs = [o for _, outs in stored for o in outs]
         inputs = [i for i, _ in stored]
@@ -132,7 +147,12 @@ async def measure(url: str, responses: int) -> dict[str, tuple[float, float]]:
         for n in range(1000):
             conversation = ConversationRow(new_id("conv"), _PROJECT, n)
             items = [
-                {"id": new_id("msg"), "type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}
+                {
+                    "id": new_id("msg"),
+                    "type": "message",
+                    "role": "user",
+                    "content": [{"type": "input_text", "text": "hi"}],
+                }
                 for _ in range(2)
             ]
             await store.conversations.create(conversation, items)
@@ -183,7 +203,9 @@ async def _with_postgres(responses: int) -> dict[str, tuple[float, float]]:
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--responses", type=int, default=100_000)
-    parser.add_argument("--postgres", action="store_true", help="a database of its own on PostgreSQL")
+    parser.add_argument(
+        "--postgres", action="store_true", help="a database of its own on PostgreSQL"
+    )
     parser.add_argument("--database-url", help="default: a fresh SQLite file")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -192,7 +214,9 @@ async def main() -> None:
         else:
             url = args.database_url or f"sqlite+aiosqlite:///{Path(tmp) / 'item_refs.db'}"
             kind, results = url.split(":", 1)[0], await measure(url, args.responses)
-    print(f"\n{kind}, {args.responses:,} stored responses: item_reference look-ups (app.item_refs.resolve)\n")
+    print(
+        f"\n{kind}, {args.responses:,} stored responses: item_reference look-ups (app.item_refs.resolve)\n"
+    )
     print("| look-up | median (ms) | p99 (ms) |")
     print("|---|--:|--:|")
     for name, (median, p99) in results.items():

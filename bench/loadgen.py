@@ -462,7 +462,9 @@ async def _latency(config: LoadConfig, readers: list[StreamReader]) -> dict:
     assert config.token_times_dir is not None
     directory = config.token_times_dir
     wanted = [(i, r) for i, r in enumerate(readers) if r.response_id and r.error is None]
-    found = await _wait_for_times(directory, {r.response_id for _, r in wanted if r.response_id}, 3.0)
+    found = await _wait_for_times(
+        directory, {r.response_id for _, r in wanted if r.response_id}, 3.0
+    )
     offset = config.token_offset
     latencies = array("q")
     # a stream's deltas but its first and last MID_EDGE: its steady state (see the docstring)
@@ -507,7 +509,11 @@ async def _latency(config: LoadConfig, readers: list[StreamReader]) -> dict:
         {"stream": i, "delta": o, "read_ns": r, "yield_ns": y, "ms": (r - y) / 1e6}
         for i, o, r, y in samples_src
     ]
-    return {"latency_ms": summary, "latency_mid_ms": _summary_ms(middle), "latency_samples": samples}
+    return {
+        "latency_ms": summary,
+        "latency_mid_ms": _summary_ms(middle),
+        "latency_samples": samples,
+    }
 
 
 async def run_load(config: LoadConfig) -> dict:
@@ -527,7 +533,9 @@ async def run_load(config: LoadConfig) -> dict:
                 return
             if conn.closed:
                 conn = conns[slot] = await _connect(host, port)
-            reader = StreamReader(config.expected_events, config.token_marker, config.expected_tokens)
+            reader = StreamReader(
+                config.expected_events, config.token_marker, config.expected_tokens
+            )
             readers.append(reader)
             await conn.exchange(request, reader, config.timeout_s)
 

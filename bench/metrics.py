@@ -50,14 +50,24 @@ from persistence.store import Done
 async def _per_token_run(tokens: int, metrics: Metrics | None) -> float:
     """Seconds per token through the live path, one token per commit."""
     loop = asyncio.get_running_loop()
-    run = Run(id="resp_bench", store=True, background=False, engine_request_id="r", started=time.monotonic())
+    run = Run(
+        id="resp_bench",
+        store=True,
+        background=False,
+        engine_request_id="r",
+        started=time.monotonic(),
+    )
     queue = run.subscribe()
     if metrics is not None:  # what Metrics.attach does for a SqlStore
         metrics.stream.commit_clock = True
         observe_commit = metrics.commit_observer()
 
     def submit(
-        response_id: str, events: Sequence[StoredEvent], seq: int, done: Done, token_ids: Sequence[int]
+        response_id: str,
+        events: Sequence[StoredEvent],
+        seq: int,
+        done: Done,
+        token_ids: Sequence[int],
     ) -> None:
         first_at = loop.time()  # GroupCommit reads it for every batch, metrics or not
 
@@ -81,7 +91,13 @@ def _hooks_cost(n: int = 1_000_000) -> float:
     difference of two whole runs on a busy machine): the store's clock read and commit
     observation, and the writer's stream observation (its time is the commit's)."""
     metrics = Metrics()
-    run = Run(id="resp_bench", store=True, background=False, engine_request_id="r", started=time.monotonic())
+    run = Run(
+        id="resp_bench",
+        store=True,
+        background=False,
+        engine_request_id="r",
+        started=time.monotonic(),
+    )
     metrics.stream.commit_clock = True
     observe_commit, clock = metrics.commit_observer(), time.monotonic
     writer = LogWriter(run, lambda *args: None, timing=metrics.stream)
@@ -182,10 +198,16 @@ async def scrape(responses: int, scrapes: int) -> dict[str, float]:
                     except httpx.TransportError:
                         pass
                     if server.poll() is not None or time.monotonic() > deadline:
-                        raise RuntimeError(f"the server did not start: {server.stderr and server.stderr.read()!r}")
+                        raise RuntimeError(
+                            f"the server did not start: {server.stderr and server.stderr.read()!r}"
+                        )
                     await asyncio.sleep(0.1)
                 for i in range(300):  # every family gets samples
-                    body: dict[str, Any] = {"model": "gpt-oss-echo", "input": f"hi {i}", "stream": i % 2 == 0}
+                    body: dict[str, Any] = {
+                        "model": "gpt-oss-echo",
+                        "input": f"hi {i}",
+                        "stream": i % 2 == 0,
+                    }
                     (await http.post("/v1/responses", json=body)).raise_for_status()
                 health: list[float] = []
                 for _ in range(scrapes):  # the same client and server, a route that does nothing

@@ -421,7 +421,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     if args.raw:
-        settings = NaiveSettings.from_env(coalesce=args.coalesce, token_delay_ms=args.token_delay_ms)
+        settings = NaiveSettings.from_env(
+            coalesce=args.coalesce, token_delay_ms=args.token_delay_ms
+        )
         try:
             if args.loop == "asyncio":
                 asyncio.run(_serve_raw(settings, args.host, args.port))
@@ -430,7 +432,9 @@ def main(argv: list[str] | None = None) -> None:
         except KeyboardInterrupt:
             pass
         return
-    app = create_app(NaiveSettings.from_env(coalesce=args.coalesce, token_delay_ms=args.token_delay_ms))
+    app = create_app(
+        NaiveSettings.from_env(coalesce=args.coalesce, token_delay_ms=args.token_delay_ms)
+    )
     uvicorn.run(
         app,
         host=args.host,

@@ -108,7 +108,14 @@ async def _one_run(
             run = Run(id=rid, store=True, background=False, engine_request_id=rid)
             await store.create_response(
                 NewResponse(
-                    rid, "gpt-oss-scripted", int(time.time()), None, False, {"input": "hi"}, [], owner=replica.id
+                    rid,
+                    "gpt-oss-scripted",
+                    int(time.time()),
+                    None,
+                    False,
+                    {"input": "hi"},
+                    [],
+                    owner=replica.id,
                 )
             )
             builder = _builder(rid, counter)
@@ -119,7 +126,9 @@ async def _one_run(
             writer.push(builder.take())
             builder.in_progress()
             writer.push(builder.take())
-            runs.append((run, builder, writer, HarmonyDecoder(encoding, builder), collections.deque()))
+            runs.append(
+                (run, builder, writer, HarmonyDecoder(encoding, builder), collections.deque())
+            )
         for run, _, writer, _, started in runs:
             await writer.drain()
             run.subscribe().attach(sink(started))  # (the opening events are out already)
@@ -200,7 +209,9 @@ async def _calls(backend: str, streams: int, tokens: int, step_s: float) -> dict
 
 
 async def main() -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.paced_path", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.paced_path", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--backend", choices=["sqlite", "postgres", "both"], default="both")
     parser.add_argument("--streams", type=int, default=256)
     parser.add_argument("--tokens", type=int, default=200)
@@ -208,23 +219,30 @@ async def main() -> int:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--json", action="store_true", help="print one JSON object per backend")
     parser.add_argument(
-        "--calls", action="store_true", help="also count the function calls a token, in one more run under cProfile"
+        "--calls",
+        action="store_true",
+        help="also count the function calls a token, in one more run under cProfile",
     )
     args = parser.parse_args()
     backends = ["sqlite", "postgres"] if args.backend == "both" else [args.backend]
-    print(f"{args.streams} streams x {args.tokens} tokens, a step every {args.step_ms:g} ms, median of {args.reps}")
+    print(
+        f"{args.streams} streams x {args.tokens} tokens, a step every {args.step_ms:g} ms, median of {args.reps}"
+    )
     print("| store | us/token | CPU | commits | events/commit | lag p50 ms | lag p99 ms |")
     print("|---|--:|--:|--:|--:|--:|--:|")
     calls: dict[str, dict[str, float]] = {}
     for backend in backends:
         results = [
-            await _run_on(backend, args.streams, args.tokens, args.step_ms / 1000) for _ in range(args.reps)
+            await _run_on(backend, args.streams, args.tokens, args.step_ms / 1000)
+            for _ in range(args.reps)
         ]
         med = {k: statistics.median(r[k] for r in results) for k in results[0]}
         if args.calls:
             calls[backend] = await _calls(backend, args.streams, args.tokens, args.step_ms / 1000)
         if args.json:
-            print(json.dumps({"backend": backend, **med, **calls.get(backend, {}), "runs": results}))
+            print(
+                json.dumps({"backend": backend, **med, **calls.get(backend, {}), "runs": results})
+            )
         print(
             f"| {backend} | {med['us_per_token']:.2f} | {med['cpu']:.2f} | {med['commits']:.0f} | "
             f"{med['events_per_commit']:.1f} | {med['lag_p50_ms']:.2f} | {med['lag_p99_ms']:.2f} |"
@@ -234,7 +252,9 @@ async def main() -> int:
         print("| store | Python calls/token | all calls/token |")
         print("|---|--:|--:|")
         for backend, counted in calls.items():
-            print(f"| {backend} | {counted['python_calls_per_token']:.1f} | {counted['calls_per_token']:.1f} |")
+            print(
+                f"| {backend} | {counted['python_calls_per_token']:.1f} | {counted['calls_per_token']:.1f} |"
+            )
     return 0
 
 

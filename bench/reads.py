@@ -85,8 +85,12 @@ async def _store_response(store: Any, previous: str | None, words: int, text: st
             background=False,
             request={"model": "bench", "input": text},
             input_items=[
-                {"id": new_id("msg"), "type": "message", "role": "user",
-                 "content": [{"type": "input_text", "text": text}]}
+                {
+                    "id": new_id("msg"),
+                    "type": "message",
+                    "role": "user",
+                    "content": [{"type": "input_text", "text": text}],
+                }
             ],
         )
     )
@@ -118,7 +122,9 @@ async def _analyze(url: str) -> None:
         await pg.close()
 
 
-async def _measure(url: str, others: int, turn_words: int = 20, analyze: bool = False) -> dict[str, float]:
+async def _measure(
+    url: str, others: int, turn_words: int = 20, analyze: bool = False
+) -> dict[str, float]:
     store = await open_store(url)
     try:
         batch = []
@@ -137,7 +143,11 @@ async def _measure(url: str, others: int, turn_words: int = 20, analyze: bool = 
             await _analyze(url)
         enc = load_encoding()
         service = ResponseService(
-            Settings(engine="echo"), store, EchoEngine(enc, ["bench"]), enc, ReasoningCipher(new_key())
+            Settings(engine="echo"),
+            store,
+            EchoEngine(enc, ["bench"]),
+            enc,
+            ReasoningCipher(new_key()),
         )
         request = CreateResponse(model="bench", input="next", previous_response_id=tip)
 

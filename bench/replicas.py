@@ -246,7 +246,9 @@ class _Tap(asyncio.Protocol):
             self.finished.set_result(None)
 
 
-async def _open(url: str, method: str, path: str, body: bytes, on_id: Callable[[str], None] | None = None) -> _Tap:
+async def _open(
+    url: str, method: str, path: str, body: bytes, on_id: Callable[[str], None] | None = None
+) -> _Tap:
     host, port = url.removeprefix("http://").split(":")
     head = (
         f"{method} {path} HTTP/1.1\r\nHost: {host}:{port}\r\nAccept: text/event-stream\r\n"
@@ -283,7 +285,9 @@ async def _async_lag(a_url: str, b_url: str, streams: int) -> tuple[list[float],
     creators = []
     for _ in range(streams):
         holder: list[_Tap] = []
-        tap = await _open(a_url, "POST", "/v1/responses", body, lambda rid, h=holder: follow(h[0])(rid))
+        tap = await _open(
+            a_url, "POST", "/v1/responses", body, lambda rid, h=holder: follow(h[0])(rid)
+        )
         holder.append(tap)
         creators.append(tap)
     await asyncio.gather(*(c.finished for c in creators))
@@ -308,8 +312,14 @@ def lag_scenario(workdir: Path, *, streams: int, words: int) -> list[Row]:
         a, b = cluster.process(0), cluster.process(1)
         lags, steady, ended = asyncio.run(_async_lag(a.base_url, b.base_url, streams))
     return [
-        ("follower lag on another replica (one raw asyncio client)", _ms(lags) + f" ({len(lags)} events)"),
-        ("  the same, from 1 s after the last follower started", _ms(steady) + f" ({len(steady)} events)"),
+        (
+            "follower lag on another replica (one raw asyncio client)",
+            _ms(lags) + f" ({len(lags)} events)",
+        ),
+        (
+            "  the same, from 1 s after the last follower started",
+            _ms(steady) + f" ({len(steady)} events)",
+        ),
         ("followers that reached the terminal event", f"{ended}/{streams}"),
     ]
 

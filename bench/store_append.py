@@ -204,7 +204,9 @@ async def main() -> None:
     parser.add_argument("--synchronous", choices=["FULL", "NORMAL", "both"], default="both")
     parser.add_argument("--writers", type=int, default=64)
     parser.add_argument("--events", type=int, default=300, help="events per writer")
-    parser.add_argument("--window-ms", type=float, default=0.0, help="group-commit window (the server default: 0)")
+    parser.add_argument(
+        "--window-ms", type=float, default=0.0, help="group-commit window (the server default: 0)"
+    )
     parser.add_argument("--mode", choices=["wait", "pipelined", "both"], default="both")
     parser.add_argument("--postgres-admin-dsn", default="postgresql://postgres@127.0.0.1:5432/test")
     args = parser.parse_args()

@@ -71,15 +71,23 @@ def _request(mode: str) -> tuple[list[int], str | None]:
         }
         choice: dict[str, Any] = {"type": "custom", "name": "run_sql"}
     else:
-        tool = {"type": "function", "name": "take_notes", "parameters": NOTES, "strict": mode == "schema"}
+        tool = {
+            "type": "function",
+            "name": "take_notes",
+            "parameters": NOTES,
+            "strict": mode == "schema",
+        }
         choice = {"type": "function", "name": "take_notes"}
     rendered = render_prompt(
-        load_encoding(), PromptRequest(items="Take notes on the meeting.", tools=[tool], tool_choice=choice)
+        load_encoding(),
+        PromptRequest(items="Take notes on the meeting.", tools=[tool], tool_choice=choice),
     )
     return rendered.token_ids, grammar_for(None, rendered, constrains=True)
 
 
-async def _stream(engine: Any, prompt: list[int], sampling: Any, request_id: str) -> tuple[float, float, int]:
+async def _stream(
+    engine: Any, prompt: list[int], sampling: Any, request_id: str
+) -> tuple[float, float, int]:
     start = time.perf_counter()
     first = last = 0.0
     count = 0
@@ -106,7 +114,10 @@ async def _cell(engine: Any, mode: str, concurrency: int, tokens: int, reps: int
     for rep in range(reps):
         began = time.perf_counter()
         results = await asyncio.gather(
-            *(_stream(engine, prompt, sampling, f"{mode}-{concurrency}-{rep}-{i}") for i in range(concurrency))
+            *(
+                _stream(engine, prompt, sampling, f"{mode}-{concurrency}-{rep}-{i}")
+                for i in range(concurrency)
+            )
         )
         wall += time.perf_counter() - began
         for ttft, step, count in results:
@@ -147,7 +158,12 @@ async def _main(args: argparse.Namespace, workdir: Path) -> list[Cell]:
     await engine.start()
     cells = []
     try:
-        for mode in ("free", "free", "schema", "grammar"):  # the first free cell warms the engine up
+        for mode in (
+            "free",
+            "free",
+            "schema",
+            "grammar",
+        ):  # the first free cell warms the engine up
             for concurrency in args.concurrency:
                 cell = await _cell(engine, mode, concurrency, args.tokens, args.reps)
                 cells.append(cell)
@@ -158,9 +174,13 @@ async def _main(args: argparse.Namespace, workdir: Path) -> list[Cell]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--kind", choices=("tiny", "20b", "20b-mxfp4"), default="tiny")
-    parser.add_argument("--concurrency", type=lambda t: [int(x) for x in t.split(",")], default=[1, 8])
+    parser.add_argument(
+        "--concurrency", type=lambda t: [int(x) for x in t.split(",")], default=[1, 8]
+    )
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--max-model-len", type=int, default=4096)
@@ -172,7 +192,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(workdir / "inductor-cache"))
     os.environ["TMPDIR"] = str(workdir)
     cells = asyncio.run(_main(args, workdir))
-    print(f"{'mode':8} {'C':>3} {'TTFT p50 ms':>12} {'TTFT p90 ms':>12} {'per-token p50 ms':>17} {'tok/s':>8}")
+    print(
+        f"{'mode':8} {'C':>3} {'TTFT p50 ms':>12} {'TTFT p90 ms':>12} {'per-token p50 ms':>17} {'tok/s':>8}"
+    )
     for c in cells:
         print(
             f"{c.mode:8} {c.concurrency:>3} {c.ttft_p50_ms:>12.1f} {c.ttft_p90_ms:>12.1f} "

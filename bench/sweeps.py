@@ -86,7 +86,9 @@ async def fill(url: str, rows: int, *, unfinished_every: int = _UNFINISHED_EVERY
     if url.startswith("sqlite"):
         _fill_sqlite(url.split("///", 1)[1], rows, unfinished_every)
     else:
-        await _fill_postgres(url.replace("postgresql+asyncpg", "postgresql"), rows, unfinished_every)
+        await _fill_postgres(
+            url.replace("postgresql+asyncpg", "postgresql"), rows, unfinished_every
+        )
 
 
 async def plan(url: str, statement: str, parameters: Any, *, seqscan: bool = True) -> list[str]:
@@ -116,7 +118,9 @@ async def statements(store: SqlStore, marker: str = "") -> AsyncIterator[list[tu
     the store's reads send while the block runs."""
     sent: list[tuple[str, Any]] = []
 
-    def record(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, many: bool) -> None:
+    def record(
+        conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, many: bool
+    ) -> None:
         if marker in statement:
             sent.append((statement, parameters))
 
@@ -147,7 +151,9 @@ async def _time_calls(store: SqlStore, url: str, reps: int) -> dict[str, Any]:
             "ms": statistics.median(times) * 1e3,
             "rows": found,
             "plan": "; ".join(
-                line for line in await plan(url, statement, parameters) if not url.startswith("postgres") or "Scan" in line
+                line
+                for line in await plan(url, statement, parameters)
+                if not url.startswith("postgres") or "Scan" in line
             ),
         }
     return out
@@ -169,7 +175,9 @@ async def measure(url: str, rows: int, reps: int) -> dict[str, Any]:
 def _run(backend: str, rows: int, reps: int) -> dict[str, Any]:
     if backend == "sqlite":
         with tempfile.TemporaryDirectory(prefix="bench-sweeps-") as tmp:
-            return asyncio.run(measure(f"sqlite+aiosqlite:///{Path(tmp) / 'ledger.db'}", rows, reps))
+            return asyncio.run(
+                measure(f"sqlite+aiosqlite:///{Path(tmp) / 'ledger.db'}", rows, reps)
+            )
     database = _PostgresDatabase()
     database.create()
     try:
@@ -179,13 +187,17 @@ def _run(backend: str, rows: int, reps: int) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.sweeps", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.sweeps", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--backend", choices=("sqlite", "postgres", "both"), default="both")
     parser.add_argument("--reps", type=int, default=5)
     args = parser.parse_args(argv)
     backends = ("sqlite", "postgres") if args.backend == "both" else (args.backend,)
-    print(f"{args.rows:,} responses, one in {_UNFINISHED_EVERY:,} unfinished; median of {args.reps} calls")
+    print(
+        f"{args.rows:,} responses, one in {_UNFINISHED_EVERY:,} unfinished; median of {args.reps} calls"
+    )
     print("| store | call | ms | rows | plan |")
     print("|---|---|--:|--:|---|")
     for backend in backends:

@@ -54,7 +54,15 @@ from time import monotonic_ns
 from app.engines.echo import token_times_record as encode_record
 from app.engines.echo import write_token_times as append
 
-__all__ = ["ENV_VAR", "SUFFIX", "TokenTimes", "append", "directory_from_env", "encode_record", "read_all"]
+__all__ = [
+    "ENV_VAR",
+    "SUFFIX",
+    "TokenTimes",
+    "append",
+    "directory_from_env",
+    "encode_record",
+    "read_all",
+]
 
 ENV_VAR = "BENCH_TOKEN_TIMES_DIR"
 SUFFIX = ".times"

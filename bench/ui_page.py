@@ -37,7 +37,10 @@ async def _fill(url: str, events: int, per_commit: int, others: int) -> str:
         store._clock = lambda: next(clock)  # commit times a paced engine would have made
         for start in range(0, others, 256):
             await asyncio.gather(
-                *(_store_response(store, None, 3, f"other {i}") for i in range(start, min(others, start + 256)))
+                *(
+                    _store_response(store, None, 3, f"other {i}")
+                    for i in range(start, min(others, start + 256))
+                )
             )
         log = _log("resp_long", None, events - 8)
         await store.create_response(
@@ -49,12 +52,18 @@ async def _fill(url: str, events: int, per_commit: int, others: int) -> str:
                 background=False,
                 request={"model": "bench", "input": "a long one"},
                 input_items=[
-                    {"id": "msg_in", "type": "message", "role": "user",
-                     "content": [{"type": "input_text", "text": "a long one"}]}
+                    {
+                        "id": "msg_in",
+                        "type": "message",
+                        "role": "user",
+                        "content": [{"type": "input_text", "text": "a long one"}],
+                    }
                 ],
             )
         )
-        await store.append_audit("resp_long", [AuditRecord("prompt_token_ids", tuple(range(200_000, 201_000)))])
+        await store.append_audit(
+            "resp_long", [AuditRecord("prompt_token_ids", tuple(range(200_000, 201_000)))]
+        )
         for start in range(0, len(log), per_commit):
             await store.append("resp_long", log[start : start + per_commit], start)
         await store.append_audit(

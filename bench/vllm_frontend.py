@@ -181,14 +181,19 @@ async def _wait_ready(
     raise TimeoutError(f"{what} did not answer on {url} within {timeout:.0f} s")
 
 
-def _prompt(prompts: dict[int, list[int]] | None, index: int, args: argparse.Namespace) -> list[int]:
+def _prompt(
+    prompts: dict[int, list[int]] | None, index: int, args: argparse.Namespace
+) -> list[int]:
     if prompts is not None:
         return prompts[index]
     return prompt_ids(index, args.prompt_tokens)
 
 
 async def run_frontend(
-    args: argparse.Namespace, model_dir: Path, log: Path, prompts: dict[int, list[int]] | None = None
+    args: argparse.Namespace,
+    model_dir: Path,
+    log: Path,
+    prompts: dict[int, list[int]] | None = None,
 ) -> list[Cell]:
     import httpx
 
@@ -292,7 +297,10 @@ async def run_ledger(
     started = time.perf_counter()
     with (workdir / "ledger.log").open("wb") as out:
         proc = subprocess.Popen(
-            _ledger_argv(args, model_dir, port, workdir / "ledger.db"), stdout=out, stderr=out, env=env
+            _ledger_argv(args, model_dir, port, workdir / "ledger.db"),
+            stdout=out,
+            stderr=out,
+            env=env,
         )
     response_ids: dict[int, str] = {}
     try:
@@ -317,7 +325,9 @@ async def run_ledger(
                             tokens = event["response"]["usage"]["output_tokens"]
                             response_ids[index] = event["response"]["id"]
                         elif kind == "response.failed":
-                            raise RuntimeError(f"ledger stream {index}: {event['response']['error']}")
+                            raise RuntimeError(
+                                f"ledger stream {index}: {event['response']['error']}"
+                            )
                 if not tokens:
                     raise RuntimeError(f"ledger stream {index}: no terminal event with usage")
                 return tokens, first or 0.0

@@ -85,7 +85,15 @@ class _Open:
     """The item being written: its wire dict (as added) and the text chunks of its open part."""
 
     __slots__ = (
-        "content_index", "index", "item", "item_id", "kind", "logprobs", "part_open", "text", "text_done",
+        "content_index",
+        "index",
+        "item",
+        "item_id",
+        "kind",
+        "logprobs",
+        "part_open",
+        "text",
+        "text_done",
     )
 
     def __init__(self, item: Json, index: int) -> None:
@@ -151,7 +159,9 @@ class ResponseBuilder:
             raise ValueError("the log already ended")
         first = events[0]
         assert isinstance(first, ResponseCreated)
-        builder = cls(first.response, new_id=new_id, encrypt_reasoning=encrypt_reasoning, coalesce=coalesce)
+        builder = cls(
+            first.response, new_id=new_id, encrypt_reasoning=encrypt_reasoning, coalesce=coalesce
+        )
         builder._state = state
         added: dict[int, Json] = {}
         for event in events:
@@ -169,7 +179,9 @@ class ResponseBuilder:
                 opened.text = [content[-1].get("text", "")] if content else []
                 opened.logprobs = list(content[-1].get("logprobs") or []) if content else []
             else:
-                opened.text = [current.get("arguments" if opened.kind == "function_call" else "input", "")]
+                opened.text = [
+                    current.get("arguments" if opened.kind == "function_call" else "input", "")
+                ]
             opened.text_done = open_item.text_done
             if opened.kind in ("message", "reasoning"):
                 opened.part_open = open_item.part_open
@@ -248,7 +260,9 @@ class ResponseBuilder:
             if opened.kind == "message"
             else {"type": "reasoning_text", "text": ""}
         )
-        self._emit(ContentPartAdded(self._seq, opened.item_id, opened.index, opened.content_index, part))
+        self._emit(
+            ContentPartAdded(self._seq, opened.item_id, opened.index, opened.content_index, part)
+        )
 
     def open_reasoning(self) -> str:
         item: Json = {
@@ -344,7 +358,9 @@ class ResponseBuilder:
         if kind == "message":
             event = OutputTextDelta(seq, opened.item_id, opened.index, opened.content_index, text)
         elif kind == "reasoning":
-            event = ReasoningTextDelta(seq, opened.item_id, opened.index, opened.content_index, text)
+            event = ReasoningTextDelta(
+                seq, opened.item_id, opened.index, opened.content_index, text
+            )
         elif kind == "function_call":
             event = FunctionCallArgumentsDelta(seq, opened.item_id, opened.index, text)
         else:
@@ -366,8 +382,12 @@ class ResponseBuilder:
         self._state = extend_delta(self._state, text)
         e: Any = event  # made here, not by dataclasses.replace: four times cheaper
         cls = type(e)
-        if cls is OutputTextDelta or cls is ReasoningTextDelta:  # (never with logprobs: append_text)
-            joined = cls(e.sequence_number, e.item_id, e.output_index, e.content_index, e.delta + text)
+        if (
+            cls is OutputTextDelta or cls is ReasoningTextDelta
+        ):  # (never with logprobs: append_text)
+            joined = cls(
+                e.sequence_number, e.item_id, e.output_index, e.content_index, e.delta + text
+            )
         else:
             joined = cls(e.sequence_number, e.item_id, e.output_index, e.delta + text)
         self._pending[-1] = joined
@@ -387,7 +407,12 @@ class ResponseBuilder:
         opened.text.append(text)
         opened.logprobs.extend(logprobs)
         event = OutputTextDelta(
-            self._state.next_seq, opened.item_id, opened.index, opened.content_index, text, tuple(logprobs)
+            self._state.next_seq,
+            opened.item_id,
+            opened.index,
+            opened.content_index,
+            text,
+            tuple(logprobs),
         )
         self._state = apply(self._state, event)
         self._pending.append(event)
@@ -410,9 +435,16 @@ class ResponseBuilder:
             ci = opened.content_index
             if opened.kind == "message":
                 logprobs = opened.logprobs
-                part: Json = {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs}
+                part: Json = {
+                    "type": "output_text",
+                    "text": text,
+                    "annotations": [],
+                    "logprobs": logprobs,
+                }
                 if not opened.text_done:
-                    self._emit(OutputTextDone(seq, opened.item_id, opened.index, ci, text, tuple(logprobs)))
+                    self._emit(
+                        OutputTextDone(seq, opened.item_id, opened.index, ci, text, tuple(logprobs))
+                    )
             else:
                 part = {"type": "reasoning_text", "text": text}
                 if not opened.text_done:
@@ -426,7 +458,9 @@ class ResponseBuilder:
         elif opened.kind == "function_call":
             if not opened.text_done:
                 self._emit(
-                    FunctionCallArgumentsDone(seq, opened.item_id, opened.index, text, str(item["name"]))
+                    FunctionCallArgumentsDone(
+                        seq, opened.item_id, opened.index, text, str(item["name"])
+                    )
                 )
             item["arguments"] = text
             item["status"] = status

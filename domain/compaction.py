@@ -89,7 +89,11 @@ _Item = TypeVar("_Item", bound=Mapping[str, Any])
 def split_trigger(items: Sequence[_Item]) -> tuple[list[_Item], bool]:
     """``items`` without a final ``compaction_trigger``, and whether there was one. A trigger
     anywhere but last is :class:`InvalidInput` naming it."""
-    found = [i for i, item in enumerate(items) if isinstance(item, Mapping) and item.get("type") == TRIGGER]
+    found = [
+        i
+        for i, item in enumerate(items)
+        if isinstance(item, Mapping) and item.get("type") == TRIGGER
+    ]
     if not found:
         return list(items), False
     last = len(items) - 1
@@ -114,7 +118,9 @@ def summary_of(output: Sequence[Mapping[str, Any]]) -> str:
         if item.get("type") != "message" or item.get("phase") == "commentary":
             continue
         text = "".join(
-            str(part.get("text", "")) for part in item.get("content") or () if isinstance(part, Mapping)
+            str(part.get("text", ""))
+            for part in item.get("content") or ()
+            if isinstance(part, Mapping)
         ).strip()
         if text:
             return text
@@ -135,11 +141,17 @@ def superseded(items: Sequence[Any]) -> frozenset[int]:
     """The indices of ``items`` a prompt does not render: before the latest ``compaction`` item,
     everything but the user messages (its summary stands for the rest)."""
     latest = max(
-        (i for i, item in enumerate(items) if isinstance(item, Mapping) and item.get("type") == COMPACTION),
+        (
+            i
+            for i, item in enumerate(items)
+            if isinstance(item, Mapping) and item.get("type") == COMPACTION
+        ),
         default=-1,
     )
     return frozenset(
-        i for i in range(max(latest, 0)) if not (isinstance(items[i], Mapping) and _is_user_message(items[i]))
+        i
+        for i in range(max(latest, 0))
+        if not (isinstance(items[i], Mapping) and _is_user_message(items[i]))
     )
 
 

@@ -78,19 +78,31 @@ def _schema_body(schema: Mapping[str, object]) -> str:
     return json.dumps({**schema, "x-guidance": _COMPACT}, ensure_ascii=False)
 
 
-def grammar_pieces(text_format: Mapping[str, object] | None, tools: tuple[OfferedTool, ...]) -> tuple[Piece, ...]:
+def grammar_pieces(
+    text_format: Mapping[str, object] | None, tools: tuple[OfferedTool, ...]
+) -> tuple[Piece, ...]:
     """The constrained parts of a request: its format, then its tools in order."""
     pieces: list[Piece] = []
     kind = text_format.get("type") if text_format else None
     if kind == "json_schema" and text_format is not None:
         schema = text_format.get("schema")
-        pieces.append(Piece("text.format.schema", "json", _schema_body(schema if isinstance(schema, Mapping) else {})))
+        pieces.append(
+            Piece(
+                "text.format.schema",
+                "json",
+                _schema_body(schema if isinstance(schema, Mapping) else {}),
+            )
+        )
     elif kind == "json_object":
         pieces.append(Piece("text.format", "json", _schema_body({"type": "object"})))
     for tool in tools:
         param = tool.param
         if tool.type == "function" and tool.strict:
-            schema = tool.parameters if tool.parameters is not None else {"type": "object", "properties": {}}
+            schema = (
+                tool.parameters
+                if tool.parameters is not None
+                else {"type": "object", "properties": {}}
+            )
             pieces.append(Piece(f"{param}.parameters", "json", _schema_body(schema)))
         elif tool.type == "custom" and tool.grammar is not None:
             syntax, definition = tool.grammar
@@ -131,22 +143,30 @@ def turn_grammar(
         calls.append(f"call_{index}")
         if prefill is not None and prefill.tool is not None:
             continue  # the named call's header is in the prompt
-        name = tool.model_name if prefill is not None else f"commentary to=functions.{tool.model_name}"
+        name = (
+            tool.model_name if prefill is not None else f"commentary to=functions.{tool.model_name}"
+        )
         opener = "" if prefill is not None else "<|channel|> "
-        rules.append(f"call_{index}: {opener}{_literal(name)}{header} <|message|> args_{index} <|call|>")
+        rules.append(
+            f"call_{index}: {opener}{_literal(name)}{header} <|message|> args_{index} <|call|>"
+        )
     if prefill is not None and prefill.tool is not None:
         index = next(i for i, t in enumerate(tools) if t.model_name == prefill.tool.model_name)
         start = f"start: args_{index} <|call|>"
     elif prefill is not None:  # required: the prompt ends with "to=functions."
         start = "start: " + " | ".join(calls)
     else:
-        rules.append('analysis: <|channel|> "analysis" <|message|> TEXT <|end|> <|start|> "assistant"')
+        rules.append(
+            'analysis: <|channel|> "analysis" <|message|> TEXT <|end|> <|start|> "assistant"'
+        )
         rules.append('final: <|channel|> "final" <|message|> final_body <|return|>')
         ends = ["final"] if choice.mode != "required" else []
         ends.extend(calls if choice.mode != "none" else [])
         head = "analysis?"
         if tools and choice.mode != "none":
-            rules.append('preamble: <|channel|> "commentary" <|message|> TEXT <|end|> <|start|> "assistant"')
+            rules.append(
+                'preamble: <|channel|> "commentary" <|message|> TEXT <|end|> <|start|> "assistant"'
+            )
             head += " preamble?"
         start = f"start: {head} ({' | '.join(ends)})"
     return TurnGrammar("\n".join([start, *rules]) + "\n", pieces)

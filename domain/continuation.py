@@ -99,7 +99,9 @@ def _replay(
         if known:
             ident = known.popleft()
             if not ident.startswith(prefix + "_"):
-                raise CannotReplay(f"the replay opened a {prefix!r} item where the log has {ident!r}")
+                raise CannotReplay(
+                    f"the replay opened a {prefix!r} item where the log has {ident!r}"
+                )
             return ident
         return new_id(prefix)
 

@@ -131,7 +131,9 @@ class _Deferred:
         real = self._real
         if real is None:
             known = self._decoder._parsers.known
-            header = known.get((self._base, *seen, token), ...)  # (one look-up: another thread may clear it)
+            header = known.get(
+                (self._base, *seen, token), ...
+            )  # (one look-up: another thread may clear it)
             if header is not ...:
                 seen.append(token)
                 if header is not None:
@@ -386,7 +388,11 @@ class HarmonyDecoder:
         """The parser a :class:`_Deferred` one stands for: from the pool, given ``seen``
         (tokens it has read before, so it takes them again); ``token`` comes next."""
         pool = self._parsers
-        parser = pool.assistant(seen[0] if seen else token) if base == _AS_ASSISTANT else pool.expecting_start()
+        parser = (
+            pool.assistant(seen[0] if seen else token)
+            if base == _AS_ASSISTANT
+            else pool.expecting_start()
+        )
         self._parser = parser
         # the tokens put off and ``token``; the output tokens after it, _give_back counts (``feed``
         # counts a token before it is decoded: ``token`` is in the count already, unless prefill)

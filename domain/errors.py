@@ -25,7 +25,9 @@ class InvariantViolation(DomainError):
 class InvalidInput(DomainError):
     """Request input the domain cannot turn into a prompt; the service answers 400."""
 
-    def __init__(self, message: str, *, param: str | None = None, code: str = "invalid_value") -> None:
+    def __init__(
+        self, message: str, *, param: str | None = None, code: str = "invalid_value"
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.param = param

@@ -82,7 +82,9 @@ def copy_json(value: _T) -> _T:
     kind = type(data)
     copied: Any
     if kind is dict:
-        copied = {key: item if type(item) in _SCALARS else copy_json(item) for key, item in data.items()}
+        copied = {
+            key: item if type(item) in _SCALARS else copy_json(item) for key, item in data.items()
+        }
     elif kind is list:
         copied = [item if type(item) in _SCALARS else copy_json(item) for item in data]
     elif kind is tuple:

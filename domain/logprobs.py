@@ -72,4 +72,9 @@ class TokenTexts:
         for other, value in top:
             other_text, other_raw = self._text(other)
             tops.append({"token": other_text, "bytes": list(other_raw), "logprob": _finite(value)})
-        return {"token": text, "bytes": list(raw), "logprob": _finite(logprob), "top_logprobs": tops}
+        return {
+            "token": text,
+            "bytes": list(raw),
+            "logprob": _finite(logprob),
+            "top_logprobs": tops,
+        }

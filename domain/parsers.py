@@ -56,7 +56,9 @@ class Parser:
 class ParserPool:
     """The parsers of one encoding waiting for a decode."""
 
-    def __init__(self, encoding: HarmonyEncoding, *, size: int = POOL_SIZE, token_cap: int = TOKEN_CAP) -> None:
+    def __init__(
+        self, encoding: HarmonyEncoding, *, size: int = POOL_SIZE, token_cap: int = TOKEN_CAP
+    ) -> None:
         self._encoding = encoding
         self._size = size
         self._cap = token_cap
@@ -68,13 +70,17 @@ class ParserPool:
         #: recipient the parser read.
         self.known: dict[tuple[int, ...], tuple[str | None, str | None] | None] = {}
         #: ``<|start|>assistant``: what a waiting parser reads to be a new assistant parser.
-        self._assistant = tuple(encoding.encode("<|start|>assistant", allowed_special={"<|start|>"}))
+        self._assistant = tuple(
+            encoding.encode("<|start|>assistant", allowed_special={"<|start|>"})
+        )
         (self._channel,) = encoding.encode("<|channel|>", allowed_special={"<|channel|>"})
 
     def __len__(self) -> int:
         return len(self._idle)
 
-    def remember(self, prefix: tuple[int, ...], header: tuple[str | None, str | None] | None) -> None:
+    def remember(
+        self, prefix: tuple[int, ...], header: tuple[str | None, str | None] | None
+    ) -> None:
         """A parser read ``prefix`` from its starting state (``header``: at ``<|message|>``, the
         channel and recipient it read). Past ``KNOWN_SIZE`` prefixes, all are forgotten first."""
         known = self.known

@@ -77,8 +77,13 @@ def payload(event: Event) -> Json:
     cls = type(event)
     if cls is OutputTextDelta and not event.logprobs:  # type: ignore[union-attr]
         e: Any = event
-        return {"item_id": e.item_id, "output_index": e.output_index,
-                "content_index": e.content_index, "delta": e.delta, "logprobs": []}
+        return {
+            "item_id": e.item_id,
+            "output_index": e.output_index,
+            "content_index": e.content_index,
+            "delta": e.delta,
+            "logprobs": [],
+        }
     out: Json = {}
     for name in _field_names(type(event)):
         value = getattr(event, name)
@@ -132,8 +137,7 @@ def sse_frame(type_: str, seq: int, payload_json_: str) -> bytes:
     """``event: <type>\\ndata: <one-line JSON>\\n\\n`` for a stored event of type ``type_``."""
     type_ = _WIRE_TYPES.get(type_, type_)
     return (
-        f'event: {type_}\ndata: {{"type":"{type_}","sequence_number":{seq},'
-        f"{payload_json_[1:]}\n\n"
+        f'event: {type_}\ndata: {{"type":"{type_}","sequence_number":{seq},{payload_json_[1:]}\n\n'
     ).encode()
 
 
@@ -143,7 +147,11 @@ def to_sse(event: Event) -> bytes:
 
 def to_wire(event: Event) -> Json:
     """The event as the OpenAI SDK sees it: ``{"type", "sequence_number", ...fields}``."""
-    return {"type": wire_type(event.type), "sequence_number": event.sequence_number, **payload(event)}
+    return {
+        "type": wire_type(event.type),
+        "sequence_number": event.sequence_number,
+        **payload(event),
+    }
 
 
 def from_wire(type_: str, seq: int, data: Json) -> Event:
@@ -170,7 +178,9 @@ def fold(events: Iterable[Event]) -> Json:
     items: list[Json] = []
     for event in events:
         match event:
-            case ResponseCompleted() | ResponseIncomplete() | ResponseFailed() | ResponseCancelled():
+            case (
+                ResponseCompleted() | ResponseIncomplete() | ResponseFailed() | ResponseCancelled()
+            ):
                 return copy_json(event.response)
             case ResponseCreated() | ResponseQueued() | ResponseInProgress():
                 status = event.response.get("status")
@@ -219,4 +229,3 @@ def output_as_input(item: Json) -> Json:
     if keys is None:
         return copy_json(item)
     return {k: copy_json(item[k]) for k in keys if k in item and item[k] is not None}
-

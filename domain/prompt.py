@@ -363,7 +363,9 @@ def _offered(
         strict = tool.get("strict") is not False
     if prefix and prefix.strip():
         description = f"{prefix.strip()}\n{description}" if description else prefix.strip()
-    return OfferedTool(model_name, kind, name, namespace, description, parameters, param, strict, grammar)
+    return OfferedTool(
+        model_name, kind, name, namespace, description, parameters, param, strict, grammar
+    )
 
 
 def _match_named(catalog: _Catalog, kind: str, name: str) -> OfferedTool | None:
@@ -542,7 +544,9 @@ class _Conversation:
                 self._call(item, str(arguments), param)
             case "custom_tool_call":
                 text = _required_str(item, "input", param)
-                tool = self._catalog.tool_called(item.get("namespace"), _required_str(item, "name", param))
+                tool = self._catalog.tool_called(
+                    item.get("namespace"), _required_str(item, "name", param)
+                )
                 if tool is not None and tool.grammar is not None:
                     self._call(item, text, param, raw=True)  # as the model writes it
                 else:
@@ -617,7 +621,9 @@ class _Conversation:
             try:
                 text = decrypt(encrypted)
             except InvalidInput as exc:  # say which item it was
-                raise InvalidInput(exc.message, param=f"{param}.encrypted_content", code=exc.code) from None
+                raise InvalidInput(
+                    exc.message, param=f"{param}.encrypted_content", code=exc.code
+                ) from None
         if text:
             self._append(
                 Message.from_role_and_content(Role.ASSISTANT, text).with_channel("analysis"),
@@ -640,7 +646,9 @@ class _Conversation:
         try:
             summary = decrypt(encrypted)
         except InvalidInput as exc:
-            raise InvalidInput(exc.message, param=f"{param}.encrypted_content", code=exc.code) from None
+            raise InvalidInput(
+                exc.message, param=f"{param}.encrypted_content", code=exc.code
+            ) from None
         self._append(Message.from_role_and_content(Role.USER, SUMMARY_HEADER + summary))
 
     def _call(self, item: Item, arguments: str, param: str, *, raw: bool = False) -> None:
@@ -877,14 +885,18 @@ def render_messages(
     token_ids = list(
         _rendered(
             (name, head_key),
-            lambda: encoding.render_conversation(Conversation.from_messages(list(head())), _RENDER_CONFIG),
+            lambda: encoding.render_conversation(
+                Conversation.from_messages(list(head())), _RENDER_CONFIG
+            ),
         )
     )
     for message in messages:
         if _text_length(message) > _RENDERED_MAX_KEY:  # not kept: do not even write its key
             token_ids.extend(encoding.render(message))
             continue
-        token_ids.extend(_rendered((name, message.to_json()), functools.partial(encoding.render, message)))
+        token_ids.extend(
+            _rendered((name, message.to_json()), functools.partial(encoding.render, message))
+        )
     token_ids.extend(
         _rendered(
             (name, "<|start|>assistant"),
@@ -903,7 +915,11 @@ def forget_rendered() -> None:
 
 
 def _text_length(message: Message) -> int:
-    return sum(len(text) for part in message.content if isinstance(text := getattr(part, "text", None), str))
+    return sum(
+        len(text)
+        for part in message.content
+        if isinstance(text := getattr(part, "text", None), str)
+    )
 
 
 def _rendered(key: tuple[str, str], render: Callable[[], Sequence[int]]) -> tuple[int, ...]:

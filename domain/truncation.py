@@ -74,7 +74,9 @@ def _droppable(items: Sequence[Item]) -> list[int]:
     return [k for k, item in enumerate(items) if not _kept_always(item)]
 
 
-def cut_points(items: Sequence[Item], resolve: Callable[[str], Item | None] | None = None) -> list[int]:
+def cut_points(
+    items: Sequence[Item], resolve: Callable[[str], Item | None] | None = None
+) -> list[int]:
     """The numbers ``n`` of droppable items that may be dropped from the front (ascending,
     ``0`` first): every call whose output is kept is kept, and the last droppable item stays."""
     positions = _droppable(items)
@@ -104,7 +106,9 @@ def cut_points(items: Sequence[Item], resolve: Callable[[str], Item | None] | No
     return points
 
 
-def drop_oldest(items: Sequence[Item], n: int, history_length: int) -> tuple[tuple[Item, ...], int, tuple[Item, ...]]:
+def drop_oldest(
+    items: Sequence[Item], n: int, history_length: int
+) -> tuple[tuple[Item, ...], int, tuple[Item, ...]]:
     """``items`` less their ``n`` oldest droppable ones: (kept, kept history length, dropped)."""
     positions = set(_droppable(items)[:n])
     kept = tuple(item for k, item in enumerate(items) if k not in positions)
@@ -143,7 +147,9 @@ def fit(
         else:
             low = middle + 1
     kept, history, dropped, result = results[points[high]]
-    return Truncated(items=kept, history_length=history, dropped_ids=tuple(map(_id, dropped)), result=result)
+    return Truncated(
+        items=kept, history_length=history, dropped_ids=tuple(map(_id, dropped)), result=result
+    )
 
 
 def _id(item: Item) -> str | None:
@@ -155,4 +161,9 @@ def truncation_audit(truncated: Truncated[Any] | None) -> dict[str, object]:
     """What the prompt's audit record says of a truncation: nothing when there was none."""
     if truncated is None:
         return {}
-    return {"truncation": {"dropped_items": truncated.dropped, "dropped_ids": list(truncated.dropped_ids)}}
+    return {
+        "truncation": {
+            "dropped_items": truncated.dropped,
+            "dropped_ids": list(truncated.dropped_ids),
+        }
+    }

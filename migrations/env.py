@@ -46,7 +46,9 @@ def _include_name(name: str | None, type_: str, _parent: object) -> bool:
 def _run(connection: Connection) -> None:
     dialect = connection.dialect.name
 
-    def include_object(obj: object, _name: str | None, _type: str, reflected: bool, _other: object) -> bool:
+    def include_object(
+        obj: object, _name: str | None, _type: str, reflected: bool, _other: object
+    ) -> bool:
         # A constraint declared for other dialects only (schema.DIALECTS) is not expected here.
         dialects = getattr(obj, "info", {}).get(DIALECTS)
         return reflected or dialects is None or dialect in dialects

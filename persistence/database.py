@@ -210,7 +210,9 @@ def _sqlite_engine(
     if role == "snapshot":
         path = sqlite_path(url)
         assert path is not None
-        snapshot = url.set(database=f"file:{path.resolve()}", query={"immutable": "1", "uri": "true"})
+        snapshot = url.set(
+            database=f"file:{path.resolve()}", query={"immutable": "1", "uri": "true"}
+        )
         engine = create_async_engine(snapshot, pool_size=pool_size, max_overflow=pool_size)
         pragmas = [f"PRAGMA busy_timeout = {busy_timeout_ms}", "PRAGMA foreign_keys = ON"]
     elif role == "migrations":

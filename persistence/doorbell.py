@@ -461,7 +461,10 @@ class PgDoorbell:
             timeout=_CONNECT_TIMEOUT_S,
             # a NOTIFY's transaction gets an xid, so its commit would wait for a WAL flush
             # (an fsync, stuck behind every other committer's): a ring need not be durable
-            server_settings={"application_name": f"{self._name} ({role})", "synchronous_commit": "off"},
+            server_settings={
+                "application_name": f"{self._name} ({role})",
+                "synchronous_commit": "off",
+            },
         )
 
     # -- listening -------------------------------------------------------------------------

@@ -15,7 +15,14 @@ A small tree that ``app/`` maps to OpenAI's ``{"error": {...}}`` JSON in one pla
 
 from __future__ import annotations
 
-__all__ = ["ConcurrencyError", "Fenced", "NotFound", "RefusedWrite", "StoreError", "StoreUnavailable"]
+__all__ = [
+    "ConcurrencyError",
+    "Fenced",
+    "NotFound",
+    "RefusedWrite",
+    "StoreError",
+    "StoreUnavailable",
+]
 
 
 class StoreError(Exception):

@@ -59,7 +59,11 @@ def output_row(response_id: str, event: StoredEvent) -> IndexRow | None:
     payload = event.payload
     item = payload.get("item")
     index = payload.get("output_index")
-    if not isinstance(item, dict) or not isinstance(item.get("id"), str) or not isinstance(index, int):
+    if (
+        not isinstance(item, dict)
+        or not isinstance(item.get("id"), str)
+        or not isinstance(index, int)
+    ):
         return None
     return (item["id"], response_id, "output", index, event.seq)
 

@@ -82,7 +82,9 @@ def sql_filters(query: ResponseQuery) -> list[Any]:
     return clauses
 
 
-def matches(row: ResponseRow, query: ResponseQuery, conversation_turns: Collection[str] = ()) -> bool:
+def matches(
+    row: ResponseRow, query: ResponseQuery, conversation_turns: Collection[str] = ()
+) -> bool:
     """``sql_filters`` for a store that holds its rows in memory (``conversation_turns``: the
     ids of the responses that appended to ``query.conversation``)."""
     if query.status is not None and row.status != query.status:
@@ -95,7 +97,10 @@ def matches(row: ResponseRow, query: ResponseQuery, conversation_turns: Collecti
         return False
     if query.until is not None and row.created_at >= query.until:
         return False
-    if query.previous_response_id is not None and row.previous_response_id != query.previous_response_id:
+    if (
+        query.previous_response_id is not None
+        and row.previous_response_id != query.previous_response_id
+    ):
         return False
     if query.conversation is not None and row.id not in conversation_turns:
         return False

@@ -191,7 +191,9 @@ class MemoryStore:
             )
         log.extend(encoded)
         self._add_index(
-            row for row in (output_row(response_id, e) for e in events if e.type == OUTPUT_ITEM_DONE) if row
+            row
+            for row in (output_row(response_id, e) for e in events if e.type == OUTPUT_ITEM_DONE)
+            if row
         )
         if token_ids:
             self._tokens[response_id].append(unpack_token_ids(pack_token_ids(token_ids)))
@@ -269,9 +271,7 @@ class MemoryStore:
             return None
         return dataclasses.replace(row, request=json.loads(dump_json(row.request)))
 
-    async def load_chain(
-        self, response_id: str, *, project: str | None = None
-    ) -> list[ChainLink]:
+    async def load_chain(self, response_id: str, *, project: str | None = None) -> list[ChainLink]:
         self._check_open()
         links: list[ChainLink] = []
         seen: set[str] = set()
@@ -304,7 +304,9 @@ class MemoryStore:
             return False
         del self._events[response_id], self._audit[response_id], self._inputs[response_id]
         del self._tokens[response_id]
-        for ident in [i for i, rows in self._index.items() if any(r[1] == response_id for r in rows)]:
+        for ident in [
+            i for i, rows in self._index.items() if any(r[1] == response_id for r in rows)
+        ]:
             kept = [r for r in self._index[ident] if r[1] != response_id]
             if kept:
                 self._index[ident] = kept
@@ -412,7 +414,9 @@ class MemoryStore:
         return [
             rid
             for rid, row in self._rows.items()
-            if self._owners.get(rid) == owner and row.cancel_requested_at is not None and not self._ended(rid)
+            if self._owners.get(rid) == owner
+            and row.cancel_requested_at is not None
+            and not self._ended(rid)
         ]
 
     def _ended(self, response_id: str) -> bool:

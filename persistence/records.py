@@ -50,7 +50,9 @@ def dump_json(value: Any) -> str:
     that are not JSON at all.
     """
     return check_encodable(
-        check_json_text(json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False))
+        check_json_text(
+            json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        )
     )
 
 

@@ -344,7 +344,10 @@ def _found_tails(
     tails: dict[str, _Tail | None], unknown: list[str], rows: Iterable[Sequence[Any]]
 ) -> None:
     """Fill ``tails`` for the ``unknown`` ids from (id, last_seq, last_type) rows."""
-    found = {rid: _Tail(last_seq + 1, last_type in TERMINAL_EVENT_TYPES) for rid, last_seq, last_type in rows}
+    found = {
+        rid: _Tail(last_seq + 1, last_type in TERMINAL_EVENT_TYPES)
+        for rid, last_seq, last_type in rows
+    }
     for rid in unknown:
         tails[rid] = found.get(rid)
 
@@ -438,7 +441,9 @@ class SqlStore:
         """Conversations and their item logs (``persistence.sql_conversations``)."""
         from persistence.sql_conversations import SqlConversations  # it imports this module
 
-        return SqlConversations(self._writer, self._read, clock=self._clock, check_open=self._check_open)
+        return SqlConversations(
+            self._writer, self._read, clock=self._clock, check_open=self._check_open
+        )
 
     # -- writes -------------------------------------------------------------------------
 
@@ -465,7 +470,9 @@ class SqlStore:
         ]
         index = input_rows(new.id, new.input_items)
         future = asyncio.get_running_loop().create_future()
-        self._commits.put(_Create(new.id, row, new.owner, items, index, future), weight=1 + len(items))
+        self._commits.put(
+            _Create(new.id, row, new.owner, items, index, future), weight=1 + len(items)
+        )
         return future
 
     def submit(
@@ -504,7 +511,9 @@ class SqlStore:
                     self._clock(),
                     pack_token_ids(token_ids) if token_ids else None,
                 )
-                self._commits.put(_Append(response_id, expected_seq, [row], False, None, Completion(done), None))
+                self._commits.put(
+                    _Append(response_id, expected_seq, [row], False, None, Completion(done), None)
+                )
                 return
         self._queue_append(response_id, events, expected_seq, Completion(done), token_ids)
 
@@ -620,7 +629,15 @@ class SqlStore:
             now = self._clock()
             touch = self._sql.upsert_replica
             fence = secrets.randbits(62)  # only if this inserts the row (see upsert_replica)
-            args = (replica.id, replica.host, replica.pid, replica.started_at, now, now + lease_s, fence)
+            args = (
+                replica.id,
+                replica.host,
+                replica.pid,
+                replica.started_at,
+                now,
+                now + lease_s,
+                fence,
+            )
         try:
             async with asyncio.timeout(self._statement_timeout_s):
                 if self._direct is not None:
@@ -705,9 +722,7 @@ class SqlStore:
         if bell is not None and appended:  # after the commit, never inside it
             bell.ring_all(appended)
 
-    async def _write_retrying(
-        self, batch: list[_Write]
-    ) -> list[StoreError | None] | BaseException:
+    async def _write_retrying(self, batch: list[_Write]) -> list[StoreError | None] | BaseException:
         """Each write's outcome, or the exception with which the database refused the batch's
         data. While the database is unavailable the batch is retried with backoff (the writers
         waiting on it stay paused, nothing is published) until the outage is ``retry_s`` old;
@@ -720,7 +735,9 @@ class SqlStore:
         deadline: float | None = None
         while True:
             try:
-                outcomes = await self._write(batch, fresh=after_failure, after_failure=after_failure)
+                outcomes = await self._write(
+                    batch, fresh=after_failure, after_failure=after_failure
+                )
             except Exception as exc:
                 self._forget(batch)
                 self.commit_errors += 1
@@ -824,7 +841,9 @@ class SqlStore:
                     return alone
             own_fence = await self._begin(raw)
             if unknown:
-                _found_tails(tails, unknown, await raw.fetch(self._sql.tails(len(unknown)), *unknown))
+                _found_tails(
+                    tails, unknown, await raw.fetch(self._sql.tails(len(unknown)), *unknown)
+                )
             if previous is not None and _committed_before(batch, tails, previous):
                 plan = _Plan(previous.outcomes, [], 0)
             else:
@@ -950,7 +969,9 @@ class SqlStore:
             me = self._replica[0].id
             fence = own_fence
             if fence is None:
-                fence = await raw.fetchval(_OWN_FENCE, me)  # None: no row (not leased yet, released)
+                fence = await raw.fetchval(
+                    _OWN_FENCE, me
+                )  # None: no row (not leased yet, released)
                 self._own_fence = fence
         known = self._fenced_at
         epochs: dict[str, int] = {}
@@ -1110,7 +1131,9 @@ class SqlStore:
 
     async def list_api_keys(self) -> list[ApiKeyRow]:
         self._check_open()
-        query = select(*api_keys.c).order_by(api_keys.c.project, api_keys.c.created_at, api_keys.c.id)
+        query = select(*api_keys.c).order_by(
+            api_keys.c.project, api_keys.c.created_at, api_keys.c.id
+        )
         async with self._read() as conn:
             return [ApiKeyRow(**row._asdict()) for row in await conn.execute(query)]
 
@@ -1185,7 +1208,9 @@ class SqlStore:
             # one primary-key range scan per log: a plain join of the unnest with the events is
             # planned as a hash join over a sequential scan of the whole table (EXPLAIN, 19,000
             # events), a cost that grows with the table
-            queries: list[Any] = [_TAIL_READ.bindparams(ids=ids, afters=[afters[rid] for rid in ids])]
+            queries: list[Any] = [
+                _TAIL_READ.bindparams(ids=ids, afters=[afters[rid] for rid in ids])
+            ]
         else:
             # one range of the key a log, OR-ed; SQLite parses a chain of ORs as a tree as deep
             # as it is long and refuses one over 1,000 deep ("Expression tree is too large"):
@@ -1210,9 +1235,7 @@ class SqlStore:
             row = (await conn.execute(_ROWS.where(responses.c.id == response_id))).one_or_none()
         return None if row is None else _response_row(row)
 
-    async def load_chain(
-        self, response_id: str, *, project: str | None = None
-    ) -> list[ChainLink]:
+    async def load_chain(self, response_id: str, *, project: str | None = None) -> list[ChainLink]:
         self._check_open()
         if not _possible_id(response_id):
             raise NotFound(f"no response {response_id!r}")
@@ -1238,7 +1261,9 @@ class SqlStore:
             generating = []
             for link in chain:
                 if link.last_type in TERMINAL_EVENT_TYPES:
-                    events[link.id].append(StoredEvent(link.last_seq, link.last_type, None, link.last_payload))
+                    events[link.id].append(
+                        StoredEvent(link.last_seq, link.last_type, None, link.last_payload)
+                    )
                 else:
                     generating.append(link.id)
             if generating:
@@ -1276,7 +1301,11 @@ class SqlStore:
         rows = []
         async with self._read() as conn:
             for part in _parts(ids):
-                rows += [row for row in await conn.execute(_FIND_ITEMS, {"ids": part}) if row[6] == project]
+                rows += [
+                    row
+                    for row in await conn.execute(_FIND_ITEMS, {"ids": part})
+                    if row[6] == project
+                ]
         # by id, the output item first, then the newest response (``persistence.item_index``)
         rows.sort(key=lambda row: (row[0], row[2] != "output", -(row[7] or 0), row[1]))
         return pick(row[:6] for row in rows)
@@ -1355,7 +1384,9 @@ class SqlStore:
         """Every replica row, expired or not."""
         self._check_open()
         async with self._read() as conn:
-            rows = await conn.execute(select(*replicas_table.c).order_by(replicas_table.c.started_at))
+            rows = await conn.execute(
+                select(*replicas_table.c).order_by(replicas_table.c.started_at)
+            )
             return [
                 Replica(r.id, r.host, r.pid, r.started_at, r.heartbeat_at, r.expires_at)
                 for r in rows
@@ -1400,7 +1431,10 @@ class SqlStore:
                 epoch = (await conn.execute(query)).scalar_one_or_none()
         except StoreError as exc:
             if isinstance(exc.__cause__, DBAPIError) and "lock timeout" in str(exc.__cause__):
-                _log.info("response %s: its row is locked (its owner froze mid-commit?); claim later", response_id)
+                _log.info(
+                    "response %s: its row is locked (its owner froze mid-commit?); claim later",
+                    response_id,
+                )
                 return None
             raise
         if epoch is None:
@@ -1426,7 +1460,9 @@ class SqlStore:
             .order_by(e.c.seq)
         )
         async with self._read() as conn:
-            return [list(unpack_token_ids(bytes(packed))) for (packed,) in await conn.execute(query)]
+            return [
+                list(unpack_token_ids(bytes(packed))) for (packed,) in await conn.execute(query)
+            ]
 
     async def request_cancel(self, response_id: str) -> bool:
         """Record that a cancel was asked of an unfinished response (for its owner, elsewhere).
@@ -1554,7 +1590,10 @@ class _Statements:
         changes = parts.pop(self.update_response, None)
         if created is not None:
             changed = {change[-1]: change for change in changes} if changes else {}
-            status, later = self._status, (None,) * (len(self.insert_changed_response.columns) - len(created[0]))
+            status, later = (
+                self._status,
+                (None,) * (len(self.insert_changed_response.columns) - len(created[0])),
+            )
             rows = []
             for row in created:
                 change = changed.pop(row[0], None)
@@ -1570,7 +1609,11 @@ class _Statements:
         shapes: list[_Part] = []
         for statement, rows in parts.items():
             updates = statement is self.update_response
-            table, names = ("responses", self._update_columns) if updates else (statement.table, statement.columns)
+            table, names = (
+                ("responses", self._update_columns)
+                if updates
+                else (statement.table, statement.columns)
+            )
             types, forms = _PG_TYPES[table], []
             for name, column in zip(names, zip(*rows, strict=True), strict=True):
                 form, value = _column_value(types[name], column)
@@ -1603,9 +1646,7 @@ def _possible_id(ident: str) -> bool:
     return True
 
 
-def _committed_before(
-    batch: list[_Write], tails: dict[str, _Tail | None], previous: _Plan
-) -> bool:
+def _committed_before(batch: list[_Write], tails: dict[str, _Tail | None], previous: _Plan) -> bool:
     """Whether the log shows the previous attempt's transaction (its writes were planned
     against these same logs; a transaction commits whole, so one write found is all)."""
     for write, outcome in zip(batch, previous.outcomes, strict=True):
@@ -1630,7 +1671,9 @@ def _refusal(response_id: str, exc: BaseException) -> StoreError:
     """What a submission whose data the database refused fails with."""
     if isinstance(exc, _CONSTRAINT):
         return _integrity_error(response_id, exc)  # type: ignore[arg-type]
-    error = RefusedWrite(f"response {response_id!r}: the database refused the data ({describe(exc)})")
+    error = RefusedWrite(
+        f"response {response_id!r}: the database refused the data ({describe(exc)})"
+    )
     error.__cause__ = exc
     return error
 
@@ -1671,7 +1714,13 @@ def _integrity_error(response_id: str, exc: Exception) -> StoreError:
 async def _store_errors() -> AsyncIterator[None]:
     try:
         yield
-    except (SQLAlchemyError, OSError, sqlite3.Error, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+    except (
+        SQLAlchemyError,
+        OSError,
+        sqlite3.Error,
+        asyncpg.PostgresError,
+        asyncpg.InterfaceError,
+    ) as exc:
         raise _store_error(exc) from exc
 
 
@@ -1853,7 +1902,9 @@ _chain = select(
 _prev = _r.alias("prev")
 _chain = _chain.union_all(
     select(
-        select(_prev.c.previous_response_id).where(_prev.c.id == _chain.c.chain_id).scalar_subquery(),
+        select(_prev.c.previous_response_id)
+        .where(_prev.c.id == _chain.c.chain_id)
+        .scalar_subquery(),
         _chain.c.depth + 1,
     ).where(_chain.c.chain_id.is_not(None), _chain.c.depth <= _MAX_CHAIN)
 )
@@ -1862,8 +1913,10 @@ _chain = _chain.union_all(
 def _last_event(column: Any, label: str) -> Any:
     """``column`` of a response's last event (a backward look-up of the key, one row)."""
     return (
-        select(column).where(_e.c.response_id == _r.c.id).order_by(_e.c.seq.desc()).limit(1)
-    ).scalar_subquery().label(label)
+        (select(column).where(_e.c.response_id == _r.c.id).order_by(_e.c.seq.desc()).limit(1))
+        .scalar_subquery()
+        .label(label)
+    )
 
 
 _CHAIN = (
@@ -1904,7 +1957,11 @@ _FIND_ITEMS = select(
     _x.c.source,
     _x.c.position,
     select(_ii.c.item)
-    .where(_ii.c.response_id == _x.c.response_id, _ii.c.position == _x.c.position, _x.c.source == "input")
+    .where(
+        _ii.c.response_id == _x.c.response_id,
+        _ii.c.position == _x.c.position,
+        _x.c.source == "input",
+    )
     .scalar_subquery(),
     select(cast(_e.c.payload, Text))
     .where(_e.c.response_id == _x.c.response_id, _e.c.seq == _x.c.seq, _x.c.source == "output")

@@ -314,7 +314,10 @@ class SqlConversations:
         return {  # the newest entry wins
             item_id: dict(item)
             for conv, kind, item_id, item, held_by, deleted_at, *_ in rows
-            if kind == ADDED and held_by == project and deleted_at is None and (conv, item_id) not in gone
+            if kind == ADDED
+            and held_by == project
+            and deleted_at is None
+            and (conv, item_id) not in gone
         }
 
     async def delete_item(self, conversation_id: str, project: str, item_id: str) -> bool:

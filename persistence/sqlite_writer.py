@@ -87,7 +87,9 @@ class SqliteWriter:
         )
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-writer")
         self._conn: sqlite3.Connection | None = None
-        self._checkpoint_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-checkpoint")
+        self._checkpoint_thread = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="sqlite-checkpoint"
+        )
         self._checkpoint_conn: sqlite3.Connection | None = None
         self._checkpoint: asyncio.Future[None] | None = None
         #: The shortest time between two checkpoints (``CHECKPOINT_INTERVAL_S``; a test sets

@@ -58,7 +58,15 @@ from persistence.records import (
     StoredEvent,
 )
 
-__all__ = ["REPLICAS_CHANNEL", "Completion", "Done", "EventStore", "Order", "check_submission", "then"]
+__all__ = [
+    "REPLICAS_CHANNEL",
+    "Completion",
+    "Done",
+    "EventStore",
+    "Order",
+    "check_submission",
+    "then",
+]
 
 #: The doorbell channel rung when a replica releases its lease (the others sweep at once).
 REPLICAS_CHANNEL = "ledger_replicas"
@@ -176,9 +184,7 @@ class EventStore(Protocol):
         and whether more follow. Every project's: the caller scopes."""
         ...
 
-    async def load_chain(
-        self, response_id: str, *, project: str | None = None
-    ) -> list[ChainLink]:
+    async def load_chain(self, response_id: str, *, project: str | None = None) -> list[ChainLink]:
         """The chain ending at ``response_id``, oldest first. ``project``: ``NotFound`` if any
         response of the chain belongs to another project (as if it did not exist)."""
         ...

@@ -14,7 +14,18 @@ from app.encoding import load_encoding
 
 # Characters where o200k's pieces begin and end: letters of both cases, digits, marks, symbols,
 # "/", every kind of whitespace (with the ones Python and Rust disagree on), CJK, emoji.
-_ALPHABET = [*"aZé中😀1٣/!'.-_s\u0301", " ", "  ", "\n", "\r\n", "\t", "\xa0", "\x1c", "\u3000", "'s"]
+_ALPHABET = [
+    *"aZé中😀1٣/!'.-_s\u0301",
+    " ",
+    "  ",
+    "\n",
+    "\r\n",
+    "\t",
+    "\xa0",
+    "\x1c",
+    "\u3000",
+    "'s",
+]
 _TEXTS = st.lists(st.sampled_from(_ALPHABET), max_size=120).map("".join)
 
 
@@ -23,11 +34,15 @@ def _encoding() -> HarmonyEncoding:
     return load_encoding()
 
 
-@settings(max_examples=400, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=400, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
+)
 @given(_TEXTS)
 def test_slice_by_slice_is_the_same_encoding(text: str) -> None:
     enc = _encoding()
-    assert ChunkedEncoding(enc, slice_chars=3).encode_text(text) == enc.encode(text, disallowed_special=())
+    assert ChunkedEncoding(enc, slice_chars=3).encode_text(text) == enc.encode(
+        text, disallowed_special=()
+    )
 
 
 @settings(max_examples=100, deadline=None, derandomize=True)
@@ -43,7 +58,9 @@ def test_a_long_message_renders_as_harmony_renders_it(text: str, kind: str) -> N
         .with_channel("commentary")
         .with_recipient("functions.f")
         .with_content_type("<|constrain|>json"),
-        "tool": Message.from_author_and_content(Author.new(Role.TOOL, "functions.f"), text).with_channel("commentary"),
+        "tool": Message.from_author_and_content(
+            Author.new(Role.TOOL, "functions.f"), text
+        ).with_channel("commentary"),
     }[kind]
     assert ChunkedEncoding(enc, slice_chars=4).render(message) == list(enc.render(message))
 

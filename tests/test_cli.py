@@ -32,8 +32,12 @@ def test_db_events_and_replay(tmp_path: Path) -> None:
 
     settings = Settings(engine="echo", database_url=url)
     with serve(settings, engine=EchoEngine(load_encoding(), ["gpt-oss-echo"])) as server:
-        response = httpx.post(server.base_url + "/v1/responses", json={"model": "gpt-oss-echo", "input": "hi cli"}).json()
-        streamed = httpx.get(f"{server.base_url}/v1/responses/{response['id']}", params={"stream": "true"}).content
+        response = httpx.post(
+            server.base_url + "/v1/responses", json={"model": "gpt-oss-echo", "input": "hi cli"}
+        ).json()
+        streamed = httpx.get(
+            f"{server.base_url}/v1/responses/{response['id']}", params={"stream": "true"}
+        ).content
 
     events = _cli("events", response["id"], "--database-url", url)
     assert events.returncode == 0, events.stderr
@@ -41,7 +45,11 @@ def test_db_events_and_replay(tmp_path: Path) -> None:
     logged = [line for line in lines if "seq" in line]
     assert [line["seq"] for line in logged] == list(range(len(logged)))
     assert logged[-1]["type"] == "response.completed"
-    assert {line["audit"] for line in lines if "audit" in line} == {"prompt_token_ids", "output_token_ids", "finish"}
+    assert {line["audit"] for line in lines if "audit" in line} == {
+        "prompt_token_ids",
+        "output_token_ids",
+        "finish",
+    }
 
     replay = _cli("replay", response["id"], "--database-url", url)
     assert replay.returncode == 0 and replay.stdout == streamed  # byte for byte

@@ -36,7 +36,10 @@ def test_a_tampered_tokenizer_is_refused(tmp_path: Path) -> None:
     path = directory / "tokenizer.json"
     data = json.loads(path.read_text())
     vocab = data["model"]["vocab"]
-    a, b = next(k for k, v in vocab.items() if v == 1000), next(k for k, v in vocab.items() if v == 1001)
+    a, b = (
+        next(k for k, v in vocab.items() if v == 1000),
+        next(k for k, v in vocab.items() if v == 1001),
+    )
     vocab[a], vocab[b] = 1001, 1000  # two ids swapped
     path.write_text(json.dumps(data))
     with pytest.raises(TokenizerMismatch, match="id 1000"):

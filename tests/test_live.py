@@ -26,7 +26,12 @@ class _Store:
         self.pending: list[Done | asyncio.Future[None]] = []
 
     def submit_then(
-        self, response_id: str, events: Sequence[StoredEvent], expected_seq: int, done: Done, token_ids: Sequence[int] = ()
+        self,
+        response_id: str,
+        events: Sequence[StoredEvent],
+        expected_seq: int,
+        done: Done,
+        token_ids: Sequence[int] = (),
     ) -> None:
         self.calls.append(f"events {events[0].seq}-{events[-1].seq}")
         self.pending.append(done)
@@ -108,7 +113,9 @@ async def test_a_commit_pulls_what_waited_for_it_as_one_delta_with_every_token()
     store = _Store()
     tokens: list[Sequence[int]] = []
 
-    def submit(rid: str, events: Sequence[StoredEvent], seq: int, done: Done, token_ids: Sequence[int] = ()) -> None:
+    def submit(
+        rid: str, events: Sequence[StoredEvent], seq: int, done: Done, token_ids: Sequence[int] = ()
+    ) -> None:
         tokens.append(list(token_ids))
         store.submit_then(rid, events, seq, done, token_ids)
 

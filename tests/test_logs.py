@@ -33,7 +33,9 @@ def test_a_record_is_one_json_object_with_its_extra_fields_and_traceback() -> No
 
 
 @pytest.mark.parametrize("fmt", ["json", "text"])
-def test_configure_sets_the_root_handler_format_and_level(fmt: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_configure_sets_the_root_handler_format_and_level(
+    fmt: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     root = logging.getLogger()
     saved = (list(root.handlers), root.level)
     stream = io.StringIO()

@@ -44,15 +44,27 @@ def test_health_is_503_while_the_engine_is_dead(tmp_path: Path) -> None:
     settings = Settings(engine="echo", database_url=f"sqlite+aiosqlite:///{tmp_path / 'h.db'}")
     with serve(settings, engine=_DeadEngine(load_encoding(), ["gpt-oss-echo"])) as server:
         r = httpx.get(server.base_url + "/health")
-    assert r.status_code == 503 and r.json() == {"status": "unavailable", "reason": "the engine is not healthy"}
+    assert r.status_code == 503 and r.json() == {
+        "status": "unavailable",
+        "reason": "the engine is not healthy",
+    }
 
 
 def test_gc_threshold_from_the_environment() -> None:
-    assert Settings.from_env({"RESPONSES_LEDGER_GC_THRESHOLD": "50000,50,1000"}).gc_threshold == (50000, 50, 1000)
+    assert Settings.from_env({"RESPONSES_LEDGER_GC_THRESHOLD": "50000,50,1000"}).gc_threshold == (
+        50000,
+        50,
+        1000,
+    )
     assert Settings.from_env({"RESPONSES_LEDGER_GC_THRESHOLD": "python"}).gc_threshold is None
     assert Settings.from_env({}).gc_threshold is None  # an in-process app leaves the GC alone
-    assert Settings.from_env({}, serving=True).gc_threshold == SERVE_GC_THRESHOLD  # `serve` tunes it
-    assert Settings.from_env({"RESPONSES_LEDGER_GC_THRESHOLD": "python"}, serving=True).gc_threshold is None
+    assert (
+        Settings.from_env({}, serving=True).gc_threshold == SERVE_GC_THRESHOLD
+    )  # `serve` tunes it
+    assert (
+        Settings.from_env({"RESPONSES_LEDGER_GC_THRESHOLD": "python"}, serving=True).gc_threshold
+        is None
+    )
     with pytest.raises(ValueError, match="gen0,gen1,gen2"):
         Settings.from_env({"RESPONSES_LEDGER_GC_THRESHOLD": "700,10"})
 
@@ -60,7 +72,9 @@ def test_gc_threshold_from_the_environment() -> None:
 def test_serve_tunes_the_gc_once_started(tmp_path: Path) -> None:
     before = gc.get_threshold()
     settings = Settings(
-        engine="echo", database_url=f"sqlite+aiosqlite:///{tmp_path / 'g.db'}", gc_threshold=(12345, 11, 13)
+        engine="echo",
+        database_url=f"sqlite+aiosqlite:///{tmp_path / 'g.db'}",
+        gc_threshold=(12345, 11, 13),
     )
     try:
         with serve(settings) as server:

@@ -49,7 +49,9 @@ async def test_reads_asked_together_are_one_query() -> None:
     assert (reads.reads, reads.queries) == (23, 3)
 
 
-async def test_a_failed_read_fails_every_reader_of_its_batch_and_the_next_batch_reads_again() -> None:
+async def test_a_failed_read_fails_every_reader_of_its_batch_and_the_next_batch_reads_again() -> (
+    None
+):
     store = _Counting()
     ids = [await _log(store, 1) for _ in range(3)]
     reads = TailReads(store)

@@ -41,7 +41,9 @@ def small_limit(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     tokenizer_limits._patterns.cache_clear()
 
 
-_CHARS = st.sampled_from([*"aAé中\u0301😀1٣/!'.-_", " ", "\n", "\r", "\t", "\xa0", "\x1c", "\u3000", "\u2028"])
+_CHARS = st.sampled_from(
+    [*"aAé中\u0301😀1٣/!'.-_", " ", "\n", "\r", "\t", "\xa0", "\x1c", "\u3000", "\u2028"]
+)
 
 
 @settings(max_examples=3000, deadline=None, derandomize=True)
@@ -56,7 +58,16 @@ def test_no_run_found_means_no_long_piece(text: str) -> None:
 
 @pytest.mark.parametrize(
     "text",
-    ["a" * 7, "x " + "中" * 7, "!" * 7, " " * 7, "\n" * 7, "ab " + "a\u0301" * 4, "a\x1c!\x1c!\x1c!\x1c", "😀" * 7],
+    [
+        "a" * 7,
+        "x " + "中" * 7,
+        "!" * 7,
+        " " * 7,
+        "\n" * 7,
+        "ab " + "a\u0301" * 4,
+        "a\x1c!\x1c!\x1c!\x1c",
+        "😀" * 7,
+    ],
 )
 def test_runs_over_the_limit_are_found(text: str) -> None:
     assert longest_run(text) is not None
@@ -67,6 +78,8 @@ def test_a_text_scanned_before_gets_the_same_answer() -> None:
         assert longest_run(text) == longest_run(text) == tokenizer_limits._scan(text)
 
 
-@pytest.mark.parametrize("text", ["a" * 6, "abcdef ghijkl mnopqr", "a.b.c.d.e.f.g.h", "1234567890123", "ab12cd34ef56"])
+@pytest.mark.parametrize(
+    "text", ["a" * 6, "abcdef ghijkl mnopqr", "a.b.c.d.e.f.g.h", "1234567890123", "ab12cd34ef56"]
+)
 def test_runs_within_the_limit_are_not(text: str) -> None:
     assert longest_run(text) is None

@@ -381,7 +381,9 @@ class EchoEngine:
             tokens = self._tokens(text)
         clock = None
         if delay_s:
-            clock = self._clocks.get(delay_s) or self._clocks.setdefault(delay_s, StepClock(delay_s))
+            clock = self._clocks.get(delay_s) or self._clocks.setdefault(
+                delay_s, StepClock(delay_s)
+            )
         aborted = self._aborted.setdefault(request_id, asyncio.Event())
         times = array("q") if self.token_times_dir is not None else None
         directory = self.token_times_dir

@@ -154,7 +154,9 @@ class VllmEngineConfig:
             self, "extra_engine_args", MappingProxyType(dict(self.extra_engine_args))
         )
         object.__setattr__(
-            self, "logit_bias", MappingProxyType({int(k): float(v) for k, v in self.logit_bias.items()})
+            self,
+            "logit_bias",
+            MappingProxyType({int(k): float(v) for k, v in self.logit_bias.items()}),
         )
 
     @property
@@ -266,7 +268,11 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
     group = parser.add_argument_group("vLLM engine", "(environment: RESPONSES_LEDGER_VLLM_*)")
     for name, (option, convert) in _OPTIONS.items():
         help_text = f"env {_ENV_NAMES[name]}"
-        metavar = "JSON" if name in ("extra_engine_args", "logit_bias") else option[2:].upper().replace("-", "_")
+        metavar = (
+            "JSON"
+            if name in ("extra_engine_args", "logit_bias")
+            else option[2:].upper().replace("-", "_")
+        )
         if name == "served_model_names":
             group.add_argument(
                 option, dest=name, action="append", default=None, metavar="NAME", help=help_text
@@ -515,7 +521,9 @@ class VllmEngine:
             output_kind=RequestOutputKind.DELTA,
             detokenize=False,
             skip_special_tokens=False,
-            structured_outputs=StructuredOutputsParams(grammar=sampling.grammar) if sampling.grammar else None,
+            structured_outputs=StructuredOutputsParams(grammar=sampling.grammar)
+            if sampling.grammar
+            else None,
             **{key: value for key, value in optional.items() if value is not None},
         )
 
@@ -613,7 +621,12 @@ class _Pushed(Pushable):
     ``VllmEngine._stream``."""
 
     def __init__(
-        self, engine: VllmEngine, prompt: list[int], sampling: Sampling, max_tokens: int, request_id: str
+        self,
+        engine: VllmEngine,
+        prompt: list[int],
+        sampling: Sampling,
+        max_tokens: int,
+        request_id: str,
     ) -> None:
         self._engine = engine
         self._args = (prompt, sampling, max_tokens, request_id)

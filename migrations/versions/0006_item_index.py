@@ -45,7 +45,9 @@ def upgrade() -> None:
             name="fk_item_index_response_id_responses",
             ondelete="CASCADE",
         ),
-        sa.PrimaryKeyConstraint("item_id", "response_id", "source", "position", name="pk_item_index"),
+        sa.PrimaryKeyConstraint(
+            "item_id", "response_id", "source", "position", name="pk_item_index"
+        ),
         sqlite_with_rowid=False,
     )
     op.create_index("ix_item_index_response_id", "item_index", ["response_id"])
@@ -55,7 +57,10 @@ def upgrade() -> None:
         output_id, output_index = "payload->'item'->>'id'", "(payload->>'output_index')::integer"
     else:
         input_type = "json_extract(item, '$.type')"
-        output_id, output_index = "json_extract(payload, '$.item.id')", "json_extract(payload, '$.output_index')"
+        output_id, output_index = (
+            "json_extract(payload, '$.item.id')",
+            "json_extract(payload, '$.output_index')",
+        )
     op.execute(
         "INSERT INTO item_index (item_id, response_id, source, position, seq)"
         " SELECT item_id, response_id, 'input', position, NULL FROM response_input_items"

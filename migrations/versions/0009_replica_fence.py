@@ -31,7 +31,9 @@ depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
-    op.add_column("replicas", sa.Column("fence", sa.BigInteger(), server_default="0", nullable=False))
+    op.add_column(
+        "replicas", sa.Column("fence", sa.BigInteger(), server_default="0", nullable=False)
+    )
     if op.get_bind().dialect.name != "postgresql":
         return
     op.execute(

@@ -52,12 +52,15 @@ def _rebuild(*, without_rowid: bool) -> None:
     if bind.dialect.name != "sqlite":
         return
     ddl = bind.execute(
-        text("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = :name"), {"name": _TABLE}
+        text("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = :name"),
+        {"name": _TABLE},
     ).scalar_one()
     triggers = [
         sql
         for (sql,) in bind.execute(
-            text("SELECT sql FROM sqlite_master WHERE type = 'trigger' AND tbl_name = :name ORDER BY rowid"),
+            text(
+                "SELECT sql FROM sqlite_master WHERE type = 'trigger' AND tbl_name = :name ORDER BY rowid"
+            ),
             {"name": _TABLE},
         )
     ]
@@ -71,7 +74,9 @@ def _rebuild(*, without_rowid: bool) -> None:
     columns = [row[1] for row in bind.execute(text(f"PRAGMA table_info({_TABLE})"))]
     listed = ", ".join(columns)
     op.execute(f"CREATE TABLE {_NEW} ({body}")
-    op.execute(f"INSERT INTO {_NEW} ({listed}) SELECT {listed} FROM {_TABLE} ORDER BY response_id, seq")
+    op.execute(
+        f"INSERT INTO {_NEW} ({listed}) SELECT {listed} FROM {_TABLE} ORDER BY response_id, seq"
+    )
     op.execute(f"DROP TABLE {_TABLE}")  # its own triggers go with it
     op.execute("PRAGMA legacy_alter_table = ON")
     try:

@@ -13,6 +13,8 @@ def test_commits_over_the_bound_are_counted_from_the_ledgers_own_histogram() -> 
     other = Histogram("ledger_commit_batch_events", "events", (1, 2, 4))
     other.observe(1)
     text = other.exposition() + histogram.exposition()
-    assert float(SLOW_COMMIT_S) == 0.1 and float(SLOW_COMMIT_S) in _LATENCY_BUCKETS  # (a bound it renders)
+    assert (
+        float(SLOW_COMMIT_S) == 0.1 and float(SLOW_COMMIT_S) in _LATENCY_BUCKETS
+    )  # (a bound it renders)
     assert commit_counts(text) == (3, 6)  # 0.1 itself is within the bucket, as Prometheus counts
     assert commit_counts(other.exposition()) is None

@@ -68,7 +68,9 @@ def test_a_function_called_every_token_is_on_the_per_token_path_and_one_called_o
     assert result.us_per_token(here, False) == pytest.approx(rows["_once"][2] * 1e6 / 40)
     # the parts add up to the whole
     whole = result.us_per_token()
-    assert whole == pytest.approx(result.us_per_token(None, True) + result.us_per_token(None, False))
+    assert whole == pytest.approx(
+        result.us_per_token(None, True) + result.us_per_token(None, False)
+    )
     assert whole == pytest.approx(result.total_s * 1e6 / 40)
 
 
@@ -111,7 +113,10 @@ def test_a_profiled_run_keeps_each_servers_profile_and_prints_the_split(tmp_path
     assert found["ledger-sqlite"].split.us_per_token("domain", True) > 0
     assert found["ledger-sqlite"].split.us_per_token("app/live.py") > 0
     # (bench.profiled's signal handler is the ledger's only bench code)
-    assert found["ledger-sqlite"].split.us_per_token("bench") < 0.01 * found["ledger-sqlite"].split.us_per_token()
+    assert (
+        found["ledger-sqlite"].split.us_per_token("bench")
+        < 0.01 * found["ledger-sqlite"].split.us_per_token()
+    )
     # printed after the usual table, as render makes it
     assert "C=2: profiled µs a token" in proc.stdout
     assert render(list(found.values())).splitlines()[0] in proc.stdout

@@ -180,11 +180,17 @@ def test_latency_samples_come_from_all_of_the_streams_deltas(tmp_path):
         reader = StreamReader(None)
         reader.feed(chunked(naive_frames(30)), now=0)  # one read: parsed, times set below
         assert reader.response_id and reader.deltas == 30
-        reader.batch_ns = array("q", [10_000_000 + i * 1_000_000 + 1_000_000 + i * 1_000 for i in range(30)])
+        reader.batch_ns = array(
+            "q", [10_000_000 + i * 1_000_000 + 1_000_000 + i * 1_000 for i in range(30)]
+        )
         reader.batch_deltas = array("q", range(1, 31))
-        token_times.append(tmp_path, reader.response_id, [10_000_000 + i * 1_000_000 for i in range(30)])
+        token_times.append(
+            tmp_path, reader.response_id, [10_000_000 + i * 1_000_000 for i in range(30)]
+        )
         readers.append(reader)
-    config = LoadConfig(url="http://x/v1/responses", body=b"{}", token_times_dir=tmp_path, samples=6)
+    config = LoadConfig(
+        url="http://x/v1/responses", body=b"{}", token_times_dir=tmp_path, samples=6
+    )
 
     report = asyncio.run(_latency(config, readers))
 
@@ -205,9 +211,13 @@ def test_the_mid_stream_latency_leaves_out_each_streams_first_and_last_ten_delta
         reader.feed(chunked(naive_frames(30)), now=0)
         # the first and last ten deltas 100 ms after their yield, the middle ten 1 ms
         late = [100 if i < MID_EDGE or i >= 30 - MID_EDGE else 1 for i in range(30)]
-        reader.batch_ns = array("q", [10_000_000 + i * 1_000_000 + late[i] * 1_000_000 for i in range(30)])
+        reader.batch_ns = array(
+            "q", [10_000_000 + i * 1_000_000 + late[i] * 1_000_000 for i in range(30)]
+        )
         reader.batch_deltas = array("q", range(1, 31))
-        token_times.append(tmp_path, reader.response_id, [10_000_000 + i * 1_000_000 for i in range(30)])
+        token_times.append(
+            tmp_path, reader.response_id, [10_000_000 + i * 1_000_000 for i in range(30)]
+        )
         readers.append(reader)
     config = LoadConfig(url="http://x/v1/responses", body=b"{}", token_times_dir=tmp_path)
 

@@ -25,7 +25,9 @@ class _Steps(StepClock):
         return super().step()
 
 
-async def test_a_paced_stream_waits_for_the_harmony_framing_steps_around_its_text(tmp_path: Path) -> None:
+async def test_a_paced_stream_waits_for_the_harmony_framing_steps_around_its_text(
+    tmp_path: Path,
+) -> None:
     frames: list[bytes] = []
     clock = _Steps(frames)
     async for frame in _events(5, "m", 1, None, clock):

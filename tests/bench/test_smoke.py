@@ -160,11 +160,15 @@ def test_run_with_a_history_serves_over_a_database_that_holds_it():
         ],
     )  # fmt: skip
     assert "500 stored responses in" in proc.stderr
-    (kept,) = [line.split("kept ", 1)[1].strip() for line in proc.stderr.splitlines() if "kept " in line]
+    (kept,) = [
+        line.split("kept ", 1)[1].strip() for line in proc.stderr.splitlines() if "kept " in line
+    ]
     try:
         connection = sqlite3.connect(f"{kept}/ledger.db")
         try:
-            statuses = dict(connection.execute("SELECT status, count(*) FROM responses GROUP BY status"))
+            statuses = dict(
+                connection.execute("SELECT status, count(*) FROM responses GROUP BY status")
+            )
         finally:
             connection.close()
     finally:

@@ -15,8 +15,12 @@ from bench import token_times
 def test_round_trip_and_format(tmp_path):
     path = token_times.append(tmp_path, "resp_abc", [1, 2**40, -3])
     assert path == tmp_path / f"{os.getpid()}.times"
-    assert path.read_bytes() == struct.pack("<H", 8) + b"resp_abc" + struct.pack("<I3q", 3, 1, 2**40, -3)
-    assert {k: list(v) for k, v in token_times.read_all(tmp_path).items()} == {"resp_abc": [1, 2**40, -3]}
+    assert path.read_bytes() == struct.pack("<H", 8) + b"resp_abc" + struct.pack(
+        "<I3q", 3, 1, 2**40, -3
+    )
+    assert {k: list(v) for k, v in token_times.read_all(tmp_path).items()} == {
+        "resp_abc": [1, 2**40, -3]
+    }
 
 
 def test_records_of_many_responses_and_processes_are_all_read(tmp_path):

@@ -44,7 +44,11 @@ def test_chat_and_tool_loop(ledger: RunningServer, engine: ScriptedEngine) -> No
                 end="<|call|>",
             )
         },
-        {"completion": harmony(("analysis", "It said sunny."), ("final", "Sunny and 21 C in Paris."))},
+        {
+            "completion": harmony(
+                ("analysis", "It said sunny."), ("final", "Sunny and 21 C in Paris.")
+            )
+        },
     )
     done = subprocess.run(
         ["node", str(SCRIPT), ledger.base_url + "/v1", MODEL],

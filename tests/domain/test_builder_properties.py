@@ -63,7 +63,9 @@ def _sdk_dump(event: Event) -> dict[str, Any]:
 
 @settings(max_examples=100, deadline=None)
 @given(st.lists(step, max_size=30), ending, st.booleans())
-def test_builder_programs_make_valid_logs(program: list[tuple[Any, ...]], end: str, queued: bool) -> None:
+def test_builder_programs_make_valid_logs(
+    program: list[tuple[Any, ...]], end: str, queued: bool
+) -> None:
     events = run_program(program, end, queued).take()
     final = check_log(events)
     assert final.terminal and final.status == end
@@ -71,7 +73,13 @@ def test_builder_programs_make_valid_logs(program: list[tuple[Any, ...]], end: s
     # deltas concatenate to their .done value, per item
     deltas: dict[str, str] = {}
     for e in events:
-        if isinstance(e, OutputTextDelta | ReasoningTextDelta | FunctionCallArgumentsDelta | CustomToolCallInputDelta):
+        if isinstance(
+            e,
+            OutputTextDelta
+            | ReasoningTextDelta
+            | FunctionCallArgumentsDelta
+            | CustomToolCallInputDelta,
+        ):
             deltas[e.item_id] = deltas.get(e.item_id, "") + e.delta
         elif isinstance(e, OutputTextDone | ReasoningTextDone):
             assert e.text == deltas.get(e.item_id, "")
@@ -95,7 +103,9 @@ def test_builder_programs_make_valid_logs(program: list[tuple[Any, ...]], end: s
 
 @settings(max_examples=60, deadline=None)
 @given(st.lists(step, max_size=20), ending)
-def test_events_validate_against_sdk_models_and_round_trip(program: list[tuple[Any, ...]], end: str) -> None:
+def test_events_validate_against_sdk_models_and_round_trip(
+    program: list[tuple[Any, ...]], end: str
+) -> None:
     events = run_program(program, end, False).take()
     for e in events:
         # model_validate on the exclude_unset dump: a missing required field fails here
@@ -107,22 +117,33 @@ def test_events_validate_against_sdk_models_and_round_trip(program: list[tuple[A
 
 @settings(max_examples=80, deadline=None)
 @given(st.lists(step, max_size=20), st.data())
-def test_any_unfinished_prefix_can_be_resumed_and_closed(program: list[tuple[Any, ...]], data: st.DataObject) -> None:
+def test_any_unfinished_prefix_can_be_resumed_and_closed(
+    program: list[tuple[Any, ...]], data: st.DataObject
+) -> None:
     events = run_program(program, "completed", False).take()[:-1]  # drop the terminal
     cut = data.draw(st.integers(min_value=1, max_value=len(events)))
     prefix = events[:cut]
     builder = ResponseBuilder.resume(prefix, new_id=lambda p: f"{p}_resumed")
-    builder.finish("failed", usage=None, error={"code": "server_error", "message": "the server restarted"})
+    builder.finish(
+        "failed", usage=None, error={"code": "server_error", "message": "the server restarted"}
+    )
     closing = builder.take()
     final = check_log([*prefix, *closing])
     assert final.terminal and final.status == "failed"
     response = fold([*prefix, *closing])
     assert response["error"]["message"] == "the server restarted"
-    assert all(item.get("status", "incomplete") == "incomplete" or item in fold(prefix)["output"]
-               for item in response["output"])
+    assert all(
+        item.get("status", "incomplete") == "incomplete" or item in fold(prefix)["output"]
+        for item in response["output"]
+    )
 
 
-_DELTAS = (OutputTextDelta, ReasoningTextDelta, FunctionCallArgumentsDelta, CustomToolCallInputDelta)
+_DELTAS = (
+    OutputTextDelta,
+    ReasoningTextDelta,
+    FunctionCallArgumentsDelta,
+    CustomToolCallInputDelta,
+)
 
 
 @settings(max_examples=100, deadline=None)
@@ -165,8 +186,12 @@ def test_a_coalescing_builder_makes_one_delta_of_the_text_between_two_takes(
 
     assert texts(events) == texts(plain_events)
     for batch in batches:  # never two deltas in a row within one take
-        assert not any(isinstance(a, _DELTAS) and isinstance(b, _DELTAS) for a, b in itertools.pairwise(batch))
-    assert sum(isinstance(e, _DELTAS) for e in events) <= sum(isinstance(e, _DELTAS) for e in plain_events)
+        assert not any(
+            isinstance(a, _DELTAS) and isinstance(b, _DELTAS) for a, b in itertools.pairwise(batch)
+        )
+    assert sum(isinstance(e, _DELTAS) for e in events) <= sum(
+        isinstance(e, _DELTAS) for e in plain_events
+    )
 
 
 def run_program_step(b: ResponseBuilder, op: tuple[Any, ...]) -> None:

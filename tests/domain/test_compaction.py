@@ -82,11 +82,20 @@ def test_the_summarisation_prompt_follows_the_context() -> None:
 
 
 def test_the_summary_is_the_last_final_message_and_nothing_else_is() -> None:
-    final = {"type": "message", "phase": "final_answer", "content": [{"type": "output_text", "text": " S "}]}
+    final = {
+        "type": "message",
+        "phase": "final_answer",
+        "content": [{"type": "output_text", "text": " S "}],
+    }
     preamble = {**final, "phase": "commentary", "content": [{"type": "output_text", "text": "P"}]}
     reasoning = {"type": "reasoning", "content": [{"type": "reasoning_text", "text": "R"}]}
     assert summary_of([reasoning, final, preamble]) == "S"
-    for output in ([reasoning], [preamble], [{**final, "content": [{"type": "output_text", "text": "  "}]}], []):
+    for output in (
+        [reasoning],
+        [preamble],
+        [{**final, "content": [{"type": "output_text", "text": "  "}]}],
+        [],
+    ):
         with pytest.raises(NoSummary):
             summary_of(output)
 

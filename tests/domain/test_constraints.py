@@ -58,7 +58,11 @@ def _tokenizers() -> tuple[Any, Any]:
 
 FUNCTION = {"type": "function", "name": "get_weather", "parameters": SCHEMA}
 LOOSE = {"type": "function", "name": "log", "parameters": {"type": "object"}, "strict": False}
-SQL = {"type": "custom", "name": "sql", "format": {"type": "grammar", "syntax": "regex", "definition": "^SELECT [a-z]+$"}}
+SQL = {
+    "type": "custom",
+    "name": "sql",
+    "format": {"type": "grammar", "syntax": "regex", "definition": "^SELECT [a-z]+$"},
+}
 
 
 def test_nothing_constrained_is_no_grammar() -> None:
@@ -73,8 +77,12 @@ def test_json_schema_final_after_free_reasoning() -> None:
     assert _accepts(grammar, ok)
     reasoning = "<|channel|>analysis<|message|>Any text {not json} at all.<|end|><|start|>assistant"
     assert _accepts(grammar, reasoning + ok)
-    assert not _accepts(grammar, '<|channel|>final<|message|>{"city":"Paris"}<|return|>')  # required
-    assert not _accepts(grammar, '<|channel|>final<|message|>{"city":"Paris","units":"k"}<|return|>')
+    assert not _accepts(
+        grammar, '<|channel|>final<|message|>{"city":"Paris"}<|return|>'
+    )  # required
+    assert not _accepts(
+        grammar, '<|channel|>final<|message|>{"city":"Paris","units":"k"}<|return|>'
+    )
     assert not _accepts(grammar, "<|channel|>final<|message|>Paris<|return|>")
 
 
@@ -84,16 +92,27 @@ def test_strict_tool_arguments_and_free_loose_ones() -> None:
     call = "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{}<|call|>"
     assert not _accepts(grammar, call.replace("{}", '{"town":5}'))
     assert _accepts(grammar, call.replace("{}", '{"city":"Oslo","units":"f"}'))
-    assert _accepts(grammar, "<|channel|>commentary to=functions.log <|constrain|>json<|message|>anything<|call|>")
-    assert _accepts(grammar, "<|channel|>final<|message|>free answer<|return|>")  # text.format is text
-    assert not _accepts(grammar, "<|channel|>commentary to=functions.nope <|constrain|>json<|message|>{}<|call|>")
+    assert _accepts(
+        grammar,
+        "<|channel|>commentary to=functions.log <|constrain|>json<|message|>anything<|call|>",
+    )
+    assert _accepts(
+        grammar, "<|channel|>final<|message|>free answer<|return|>"
+    )  # text.format is text
+    assert not _accepts(
+        grammar, "<|channel|>commentary to=functions.nope <|constrain|>json<|message|>{}<|call|>"
+    )
 
 
 def test_regex_custom_tool_payload_is_raw() -> None:
     grammar = _grammar(None, tools=[SQL])
     assert grammar is not None
-    assert _accepts(grammar, "<|channel|>commentary to=functions.sql<|message|>SELECT users<|call|>")
-    assert not _accepts(grammar, "<|channel|>commentary to=functions.sql<|message|>DROP TABLE users<|call|>")
+    assert _accepts(
+        grammar, "<|channel|>commentary to=functions.sql<|message|>SELECT users<|call|>"
+    )
+    assert not _accepts(
+        grammar, "<|channel|>commentary to=functions.sql<|message|>DROP TABLE users<|call|>"
+    )
 
 
 def test_tool_choice_modes() -> None:
@@ -101,13 +120,17 @@ def test_tool_choice_modes() -> None:
     assert required is not None  # the prompt ends with "to=functions."
     assert _accepts(required, "sql<|message|>SELECT x<|call|>")
     assert not _accepts(required, 'get_weather <|constrain|>json<|message|>{"city":"a"}<|call|>')
-    named = _grammar(None, tools=[FUNCTION, SQL], tool_choice={"type": "function", "name": "get_weather"})
+    named = _grammar(
+        None, tools=[FUNCTION, SQL], tool_choice={"type": "function", "name": "get_weather"}
+    )
     assert named is not None  # the prompt ends inside the call's message
     assert _accepts(named, '{"city":"a","units":"c"}<|call|>')
     none = _grammar({"type": "json_object"}, tools=[FUNCTION], tool_choice="none")
     assert none is not None and "functions" not in none
     assert _accepts(none, '<|channel|>final<|message|>{"any":[1,2]}<|return|>')
-    assert not _accepts(none, '<|channel|>final<|message|>{"any": 1}<|return|>')  # compact JSON only
+    assert not _accepts(
+        none, '<|channel|>final<|message|>{"any": 1}<|return|>'
+    )  # compact JSON only
     assert not _accepts(none, "<|channel|>final<|message|>[1]<|return|>")
 
 
@@ -117,11 +140,19 @@ def test_regex_terminal() -> None:
 
 
 def test_response_formats_section_reaches_the_developer_message() -> None:
-    fmt = {"type": "json_schema", "name": "weather", "description": "The forecast.", "schema": SCHEMA}
+    fmt = {
+        "type": "json_schema",
+        "name": "weather",
+        "description": "The forecast.",
+        "schema": SCHEMA,
+    }
     section = response_formats_section(fmt)
     assert section == (
-        "# Response Formats\n\n## weather\n\n// The forecast.\n" + json.dumps(SCHEMA, separators=(",", ":"))
+        "# Response Formats\n\n## weather\n\n// The forecast.\n"
+        + json.dumps(SCHEMA, separators=(",", ":"))
     )
     prompt = ENC.decode_utf8(_rendered(response_format=fmt).token_ids)
-    assert "<|start|>developer<|message|># Instructions\n\n# Response Formats\n\n## weather" in prompt
+    assert (
+        "<|start|>developer<|message|># Instructions\n\n# Response Formats\n\n## weather" in prompt
+    )
     assert response_formats_section({"type": "text"}) is None

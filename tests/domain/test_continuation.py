@@ -68,7 +68,9 @@ def deltas(events: list[Event]) -> int:
 
 @pytest.mark.parametrize("server", [True, False], ids=["server-coalesces", "server-does-not"])
 @pytest.mark.parametrize("coalesce", [True, False], ids=["log-coalesced", "log-a-delta-a-token"])
-def test_a_log_replays_append_by_append_and_goes_on_as_if_never_cut(coalesce: bool, server: bool) -> None:
+def test_a_log_replays_append_by_append_and_goes_on_as_if_never_cut(
+    coalesce: bool, server: bool
+) -> None:
     writes = split(TOKENS[:CUT], [3, 1, 4, 2, 7, 1, 5])
     events = logged(writes, coalesce=coalesce)
     uncut = logged([TOKENS], coalesce=False)
@@ -94,6 +96,13 @@ def test_a_log_replays_append_by_append_and_goes_on_as_if_never_cut(coalesce: bo
 def test_tokens_that_do_not_make_the_log_cannot_be_replayed() -> None:
     writes = split(TOKENS[:CUT], [3, 4, 6])
     events = logged(writes, coalesce=True)
-    other = ENC.encode("<|channel|>final<|message|>Something else entirely here.", allowed_special="all")
+    other = ENC.encode(
+        "<|channel|>final<|message|>Something else entirely here.", allowed_special="all"
+    )
     with pytest.raises(CannotReplay):
-        replay(events, [other], new_decoder=lambda b: HarmonyDecoder(ENC, b), new_id=lambda p: f"{p}_new")
+        replay(
+            events,
+            [other],
+            new_decoder=lambda b: HarmonyDecoder(ENC, b),
+            new_id=lambda p: f"{p}_new",
+        )

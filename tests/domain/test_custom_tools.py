@@ -89,8 +89,16 @@ def test_custom_tool_is_a_function_of_one_string(fmt: object, format_lines: list
     name, description, schema = custom_tool_as_function(tool)
     assert name == "apply_patch"
     # a Lark or regex grammar's payload is written raw, held to the grammar (domain.constraints)
-    raw = isinstance(fmt, dict) and fmt.get("type") == "grammar" and fmt.get("syntax") in ("lark", "regex")
-    call_line = "Write the input itself as the message of the call, not wrapped in JSON." if raw else CALL_LINE
+    raw = (
+        isinstance(fmt, dict)
+        and fmt.get("type") == "grammar"
+        and fmt.get("syntax") in ("lark", "regex")
+    )
+    call_line = (
+        "Write the input itself as the message of the call, not wrapped in JSON."
+        if raw
+        else CALL_LINE
+    )
     assert description.split("\n") == ["Edit files.", call_line, *format_lines]
     assert schema == SCHEMA
 

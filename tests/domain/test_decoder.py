@@ -32,7 +32,11 @@ def decode(
     b = builder or make_builder()
     b.created()
     b.in_progress()
-    tokens = completion if isinstance(completion, list) else ENC.encode(completion, allowed_special="all")
+    tokens = (
+        completion
+        if isinstance(completion, list)
+        else ENC.encode(completion, allowed_special="all")
+    )
     pre = ENC.encode(prefill, allowed_special="all") if prefill else []
     decoder = HarmonyDecoder(ENC, b, custom_tools=custom, prefill=pre)
     for token in tokens:  # one token at a time, as an engine streams them
@@ -48,7 +52,14 @@ def _summary(response: dict[str, Any]) -> list[tuple[str, ...]]:
     out: list[tuple[str, ...]] = []
     for item in response["output"]:
         if item["type"] == "message":
-            out.append(("message", item["phase"], "".join(p["text"] for p in item["content"]), item["status"]))
+            out.append(
+                (
+                    "message",
+                    item["phase"],
+                    "".join(p["text"] for p in item["content"]),
+                    item["status"],
+                )
+            )
         elif item["type"] == "reasoning":
             out.append(("reasoning", "".join(p["text"] for p in item["content"]), item["status"]))
         elif item["type"] == "function_call":
@@ -93,7 +104,9 @@ def test_preamble_then_tool_call_keeps_dotted_names() -> None:
 
 
 def test_recipient_before_the_channel_and_on_the_analysis_channel() -> None:
-    response, _, _ = decode(' to=functions.lookup<|channel|>analysis <|constrain|>json<|message|>{"q":1}<|call|>')
+    response, _, _ = decode(
+        ' to=functions.lookup<|channel|>analysis <|constrain|>json<|message|>{"q":1}<|call|>'
+    )
     assert _summary(response) == [("function_call", "lookup", '{"q":1}', "completed")]
 
 
@@ -102,14 +115,19 @@ def test_custom_tool_call_streams_the_decoded_input() -> None:
         '<|channel|>commentary to=functions.apply_patch <|constrain|>json<|message|>{"input":"line 1\\nline \\"2\\" \\ud83d\\ude00"}<|call|>',
         custom=("apply_patch",),
     )
-    assert _summary(response) == [("custom_tool_call", "apply_patch", 'line 1\nline "2" \U0001f600')]
-    deltas = "".join(getattr(e, "delta", "") for e in events if e.type == "response.custom_tool_call_input.delta")
+    assert _summary(response) == [
+        ("custom_tool_call", "apply_patch", 'line 1\nline "2" \U0001f600')
+    ]
+    deltas = "".join(
+        getattr(e, "delta", "") for e in events if e.type == "response.custom_tool_call_input.delta"
+    )
     assert deltas == 'line 1\nline "2" \U0001f600'
 
 
 def test_named_tool_choice_prefill_opens_the_call_at_once() -> None:
     response, _, _ = decode(
-        '{"x": 1}<|call|>', prefill="<|channel|>commentary to=functions.pick <|constrain|>json<|message|>"
+        '{"x": 1}<|call|>',
+        prefill="<|channel|>commentary to=functions.pick <|constrain|>json<|message|>",
     )
     assert _summary(response) == [("function_call", "pick", '{"x": 1}', "completed")]
 
@@ -157,7 +175,9 @@ def test_stray_run_ends_at_the_next_start_and_parsing_resumes() -> None:
 
 
 def test_eos_inside_a_header_recovers_without_markers() -> None:
-    response, _, result = decode("<|channel|>final to=functions.x <|constrain|>json", truncated=True)
+    response, _, result = decode(
+        "<|channel|>final to=functions.x <|constrain|>json", truncated=True
+    )
     assert result.recovered
     for item in response["output"]:
         for part in item.get("content", []):
@@ -169,10 +189,12 @@ def test_eos_inside_a_header_recovers_without_markers() -> None:
     [
         "<|channel|>analysis<|message|>Let me think about this carefully",
         "<|channel|>analysis<|message|>ok<|end|><|start|>assistant<|channel|>final<|message|>The answer is",
-        "<|channel|>commentary to=functions.f <|constrain|>json<|message|>{\"a\": ",
+        '<|channel|>commentary to=functions.f <|constrain|>json<|message|>{"a": ',
     ],
 )
-def test_truncation_in_content_keeps_the_text_and_marks_the_item_incomplete(completion: str) -> None:
+def test_truncation_in_content_keeps_the_text_and_marks_the_item_incomplete(
+    completion: str,
+) -> None:
     response, _, _ = decode(completion, truncated=True)
     last = response["output"][-1]
     assert last["status"] == "incomplete"
@@ -221,15 +243,23 @@ def test_random_token_sequences_never_raise(tokens: list[int], truncated: bool) 
 def test_a_function_declared_in_a_namespace_comes_back_with_its_name_and_namespace() -> None:
     b = make_builder()
     b.created()
-    decoder = HarmonyDecoder(ENC, b, function_names={"mcp__docs__search": ("search", "mcp__docs__")})
-    decoder.feed(ENC.encode(
-        '<|channel|>commentary to=functions.mcp__docs__search <|constrain|>json<|message|>{"q":"x"}<|call|>',
-        allowed_special="all",
-    ))
+    decoder = HarmonyDecoder(
+        ENC, b, function_names={"mcp__docs__search": ("search", "mcp__docs__")}
+    )
+    decoder.feed(
+        ENC.encode(
+            '<|channel|>commentary to=functions.mcp__docs__search <|constrain|>json<|message|>{"q":"x"}<|call|>',
+            allowed_special="all",
+        )
+    )
     decoder.finish(truncated=False)
     b.finish("completed", usage=Usage(), completed_at=1)
     item = fold(b.take())["output"][0]
-    assert (item["name"], item["namespace"], item["arguments"]) == ("search", "mcp__docs__", '{"q":"x"}')
+    assert (item["name"], item["namespace"], item["arguments"]) == (
+        "search",
+        "mcp__docs__",
+        '{"q":"x"}',
+    )
 
 
 def test_required_prefill_lets_the_model_name_the_tool() -> None:
@@ -243,7 +273,8 @@ def test_required_prefill_lets_the_model_name_the_tool() -> None:
 
 def test_an_incomplete_forced_header_is_not_a_call() -> None:
     response, _, result = decode(
-        "<|channel|>final<|message|>No call.<|return|>", prefill="<|channel|>commentary to=functions."
+        "<|channel|>final<|message|>No call.<|return|>",
+        prefill="<|channel|>commentary to=functions.",
     )
     assert result.calls == 0
     assert [s[0] for s in _summary(response)] == ["message"]
@@ -272,7 +303,10 @@ class _ParserOnly(HarmonyDecoder):
 
 
 def _events_of(
-    decoder_class: type[HarmonyDecoder], tokens: list[int], truncated: bool, parsers: ParserPool | None = None
+    decoder_class: type[HarmonyDecoder],
+    tokens: list[int],
+    truncated: bool,
+    parsers: ParserPool | None = None,
 ) -> list[Event]:
     b = make_builder()  # (its ids count from the same start each time)
     b.created()
@@ -285,7 +319,11 @@ def _events_of(
 
 
 #: Content tokens that are not whole UTF-8 on their own: halves of characters, lone bytes.
-_SPLIT = [t for t in ENC.encode("🎉 日本語 é ü 🦀 ∑ ok", allowed_special="all")] + [231, 71344, 139786]
+_SPLIT = [t for t in ENC.encode("🎉 日本語 é ü 🦀 ∑ ok", allowed_special="all")] + [
+    231,
+    71344,
+    139786,
+]
 _HEADERS = [
     ENC.encode(text, allowed_special="all")
     for text in (
@@ -323,14 +361,18 @@ def test_content_tokens_that_skip_the_parser_make_the_events_the_parser_makes(
     runs: list[list[int]], truncated: bool
 ) -> None:
     tokens = [token for run in runs for token in run]
-    assert _events_of(HarmonyDecoder, tokens, truncated) == _events_of(_ParserOnly, tokens, truncated)
+    assert _events_of(HarmonyDecoder, tokens, truncated) == _events_of(
+        _ParserOnly, tokens, truncated
+    )
 
 
 #: A completion read to its end: its parser goes back to the pool.
 _WHOLE = st.builds(
     lambda header, words, end: [*header, *words, end],
     st.sampled_from(_HEADERS),
-    st.lists(st.one_of(st.integers(min_value=0, max_value=199_997), st.sampled_from(_SPLIT)), max_size=12),
+    st.lists(
+        st.one_of(st.integers(min_value=0, max_value=199_997), st.sampled_from(_SPLIT)), max_size=12
+    ),
     st.sampled_from([END, RETURN, CALL]),
 )
 
@@ -362,16 +404,22 @@ def test_a_response_whose_headers_are_known_and_whose_text_is_whole_makes_no_par
     answer = "<|channel|>analysis<|message|>Think.<|end|><|start|>assistant<|channel|>final<|message|>Hi!<|return|>"
     tokens = ENC.encode(answer, allowed_special="all")
     first = _events_of(HarmonyDecoder, tokens, False, pool)
-    assert pool.made == 1 and len(pool) == 1  # the headers were new: read by a parser, which went back
+    assert (
+        pool.made == 1 and len(pool) == 1
+    )  # the headers were new: read by a parser, which went back
     for _ in range(3):
         assert _events_of(HarmonyDecoder, tokens, False, pool) == first
     assert pool.made == 1 and len(pool) == 1  # known: no parser taken, none made
     split = ENC.encode("<|channel|>final<|message|>🎉<|return|>", allowed_special="all")
-    _events_of(HarmonyDecoder, split, False, pool)  # a split character needs the parser: the pooled one
+    _events_of(
+        HarmonyDecoder, split, False, pool
+    )  # a split character needs the parser: the pooled one
     assert pool.made == 1 and len(pool) == 1
 
 
-def test_the_pool_keeps_a_parser_only_if_it_waits_for_start_has_read_less_than_its_cap_and_has_room() -> None:
+def test_the_pool_keeps_a_parser_only_if_it_waits_for_start_has_read_less_than_its_cap_and_has_room() -> (
+    None
+):
     channel = ENC.encode("<|channel|>", allowed_special="all")[0]
     pool = ParserPool(ENC, size=1, token_cap=10)
     parser = pool.assistant(channel)
@@ -435,12 +483,16 @@ class _KeepsNone(ParserPool):
 
 def test_a_parser_the_pool_does_not_take_back_stays_with_its_decoder() -> None:
     pool = _KeepsNone(ENC)
-    assert _events_of(HarmonyDecoder, _TWO_MESSAGES, False, pool) == _events_of(_ParserOnly, _TWO_MESSAGES, False)
+    assert _events_of(HarmonyDecoder, _TWO_MESSAGES, False, pool) == _events_of(
+        _ParserOnly, _TWO_MESSAGES, False
+    )
     assert pool.made == 1  # one parser for both messages
 
 
 def test_a_pooled_parser_counts_the_tokens_it_read_once() -> None:
     pool = ParserPool(ENC)
-    _events_of(HarmonyDecoder, _TWO_MESSAGES, False, pool)  # new headers and split characters: one parser
+    _events_of(
+        HarmonyDecoder, _TWO_MESSAGES, False, pool
+    )  # new headers and split characters: one parser
     assert pool.made == 1 and len(pool) == 1
     assert pool.expecting_start().read == len(_TWO_MESSAGES)  # given back at each message's end

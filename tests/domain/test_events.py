@@ -29,7 +29,9 @@ def test_every_event_keeps_its_dataclass_signature_and_stays_frozen(cls: type) -
 def test_defaults_and_missing_arguments_behave_as_before() -> None:
     delta = OutputTextDelta(3, "msg_1", 0, 0, "hi")
     assert delta.logprobs == ()
-    assert delta == OutputTextDelta(sequence_number=3, item_id="msg_1", output_index=0, content_index=0, delta="hi")
+    assert delta == OutputTextDelta(
+        sequence_number=3, item_id="msg_1", output_index=0, content_index=0, delta="hi"
+    )
     assert hash(delta) == hash(OutputTextDelta(3, "msg_1", 0, 0, "hi"))
     assert repr(delta).startswith("OutputTextDelta(sequence_number=3, item_id='msg_1'")
     with pytest.raises(TypeError):

@@ -29,7 +29,9 @@ def test_domain_imports_only_stdlib_and_harmony() -> None:
         bad = {
             name
             for name in _imports(path)
-            if name not in sys.stdlib_module_names and name not in ALLOWED_THIRD_PARTY and name != "domain"
+            if name not in sys.stdlib_module_names
+            and name not in ALLOWED_THIRD_PARTY
+            and name != "domain"
         }
         if bad:
             offenders[path.name] = sorted(bad)
@@ -38,5 +40,13 @@ def test_domain_imports_only_stdlib_and_harmony() -> None:
 
 def test_domain_uses_no_clock_or_randomness() -> None:
     for path in sorted(DOMAIN.glob("*.py")):
-        forbidden = _imports(path) & {"time", "datetime", "uuid", "random", "secrets", "os", "socket"}
+        forbidden = _imports(path) & {
+            "time",
+            "datetime",
+            "uuid",
+            "random",
+            "secrets",
+            "os",
+            "socket",
+        }
         assert not forbidden, f"{path.name} imports {sorted(forbidden)}"

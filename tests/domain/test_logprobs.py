@@ -39,7 +39,9 @@ def _fake_logprobs(tokens: list[int]) -> list[tuple[float, list[tuple[int, float
     return [(-(i + 1) / 10, [(t, -(i + 1) / 10), (0, -5.0)]) for i, t in enumerate(tokens)]
 
 
-def _decode(tokens: list[int], *, chunk: int = 1, builder: Any = None) -> tuple[dict[str, Any], list[Event]]:
+def _decode(
+    tokens: list[int], *, chunk: int = 1, builder: Any = None
+) -> tuple[dict[str, Any], list[Event]]:
     b = builder or make_builder()
     b.created()
     b.in_progress()
@@ -144,7 +146,9 @@ def test_a_replayed_log_keeps_the_logprobs_its_deltas_carried() -> None:
     decoder = HarmonyDecoder(ENC, b, logprobs=TEXTS)
     decoder.feed_logprobs(tokens, _fake_logprobs(tokens))
     logged = b.take()
-    logged_entries = [entry for e in logged if isinstance(e, OutputTextDelta) for entry in e.logprobs]
+    logged_entries = [
+        entry for e in logged if isinstance(e, OutputTextDelta) for entry in e.logprobs
+    ]
     assert logged_entries
     again = replay(
         logged,

@@ -107,7 +107,11 @@ def test_wrong_delta_type_for_the_item() -> None:
     state = _state_before(events, i)
     delta = events[i]
     assert isinstance(delta, OutputTextDelta)
-    _expect("wrong_event_for_item", state, FunctionCallArgumentsDelta(i, delta.item_id, delta.output_index, "{"))
+    _expect(
+        "wrong_event_for_item",
+        state,
+        FunctionCallArgumentsDelta(i, delta.item_id, delta.output_index, "{"),
+    )
 
 
 def test_anything_after_the_terminal_and_a_second_terminal() -> None:
@@ -115,7 +119,11 @@ def test_anything_after_the_terminal_and_a_second_terminal() -> None:
     final = check_log(events)
     n = len(events)
     _expect("second_terminal", final, replace(events[-1], sequence_number=n))
-    _expect("event_after_terminal", final, ResponseInProgress(n, response_skeleton(status="in_progress")))
+    _expect(
+        "event_after_terminal",
+        final,
+        ResponseInProgress(n, response_skeleton(status="in_progress")),
+    )
 
 
 def test_terminal_while_an_item_is_open() -> None:
@@ -145,13 +153,21 @@ def test_one_item_open_at_a_time() -> None:
     events = _valid_log()
     i = _index_of(events, OutputTextDelta)
     state = _state_before(events, i)
-    item = {"id": "msg_other", "type": "message", "role": "assistant", "status": "in_progress", "content": []}
+    item = {
+        "id": "msg_other",
+        "type": "message",
+        "role": "assistant",
+        "status": "in_progress",
+        "content": [],
+    }
     _expect("item_already_open", state, OutputItemAdded(i, 2, item))
 
 
 def test_unknown_item_type() -> None:
     state = check_log(_valid_log()[:2])
-    _expect("unknown_item_type", state, OutputItemAdded(2, 0, {"id": "x", "type": "web_search_call"}))
+    _expect(
+        "unknown_item_type", state, OutputItemAdded(2, 0, {"id": "x", "type": "web_search_call"})
+    )
 
 
 def test_content_index_restarts_per_item() -> None:
@@ -198,7 +214,9 @@ def test_part_must_close_before_item() -> None:
 
 
 def test_created_with_a_terminal_status_is_rejected() -> None:
-    _expect("bad_status_transition", INITIAL, ResponseCreated(0, response_skeleton(status="completed")))
+    _expect(
+        "bad_status_transition", INITIAL, ResponseCreated(0, response_skeleton(status="completed"))
+    )
 
 
 def _outcome(state: LogState, event: Event) -> LogState | str:
@@ -219,7 +237,13 @@ def test_the_per_token_path_agrees_with_the_general_rules(monkeypatch: pytest.Mo
             continue
         state = _state_before(log, index)
         other = ReasoningTextDelta if isinstance(event, OutputTextDelta) else OutputTextDelta
-        swapped = other(event.sequence_number, event.item_id, event.output_index, event.content_index, event.delta)
+        swapped = other(
+            event.sequence_number,
+            event.item_id,
+            event.output_index,
+            event.content_index,
+            event.delta,
+        )
         cases += [
             (state, event),
             (state, swapped),  # the wrong kind of delta for the open item

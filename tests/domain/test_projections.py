@@ -51,7 +51,10 @@ def test_fold_of_a_truncated_response_marks_the_cut_item_incomplete() -> None:
     response = fold(_events())
     model = Response.model_validate(response)
     assert model.status == "incomplete"
-    assert model.incomplete_details is not None and model.incomplete_details.reason == "max_output_tokens"
+    assert (
+        model.incomplete_details is not None
+        and model.incomplete_details.reason == "max_output_tokens"
+    )
     assert model.output[0].status == "incomplete"  # type: ignore[union-attr]
     assert model.output_text == 'say "hi"\n\u2028é there'
     usage = response["usage"]
@@ -73,9 +76,21 @@ def test_fold_of_a_prefix_shows_the_open_item_with_its_text_so_far() -> None:
 def test_every_response_field_is_present() -> None:
     response = fold(_events())
     for name in Response.model_fields:
-        if name in ("access_programs", "conversation", "image", "input_transformations", "moderation",
-                    "prompt", "prompt_cache_diagnostics", "prompt_cache_options", "prompt_cache_retention",
-                    "tool_usage", "top_logprobs", "max_tool_calls", "completed_at"):
+        if name in (
+            "access_programs",
+            "conversation",
+            "image",
+            "input_transformations",
+            "moderation",
+            "prompt",
+            "prompt_cache_diagnostics",
+            "prompt_cache_options",
+            "prompt_cache_retention",
+            "tool_usage",
+            "top_logprobs",
+            "max_tool_calls",
+            "completed_at",
+        ):
             continue
         assert name in response, name
 
@@ -90,12 +105,18 @@ def test_output_items_replay_as_input_items() -> None:
     b.finish("completed", usage=None, completed_at=1)
     output = fold(b.take())["output"]
     replay = [output_as_input(item) for item in output]
-    assert replay[0] == {"type": "reasoning", "id": output[0]["id"], "summary": [],
-                         "content": [{"type": "reasoning_text", "text": "why"}]}
+    assert replay[0] == {
+        "type": "reasoning",
+        "id": output[0]["id"],
+        "summary": [],
+        "content": [{"type": "reasoning_text", "text": "why"}],
+    }
     assert replay[1]["call_id"] == output[1]["call_id"] and replay[1]["arguments"] == "{}"
 
 
-def test_a_cancelled_log_ends_on_the_wire_as_the_sdks_incomplete_event_with_status_cancelled() -> None:
+def test_a_cancelled_log_ends_on_the_wire_as_the_sdks_incomplete_event_with_status_cancelled() -> (
+    None
+):
     b = make_builder(background=True)
     b.created(queued=True)
     b.in_progress()

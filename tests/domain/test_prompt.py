@@ -623,7 +623,12 @@ def test_a_blob_that_does_not_verify_fails_whatever_else_the_item_carries() -> N
 def test_plaintext_only_reasoning_needs_no_decrypting() -> None:
     for blob in ({}, {"encrypted_content": None}, {"encrypted_content": ""}):
         items = [
-            {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "t"}], **blob}
+            {
+                "type": "reasoning",
+                "summary": [],
+                "content": [{"type": "reasoning_text", "text": "t"}],
+                **blob,
+            }
         ]
         assert text_of(render(items=items)) == system() + say("analysis", "t") + ASSISTANT
 
@@ -1333,16 +1338,32 @@ def test_rendering_message_by_message_matches_harmony_rendering_the_whole_conver
 ) -> None:
     body = _offerable(_fixture(name))
     # a developer message mid-conversation, tools offered, history with calls and outputs
-    body["input"] = [*body["input"], {"role": "developer", "content": "Be brief."}, {"role": "user", "content": "Go on."}]
+    body["input"] = [
+        *body["input"],
+        {"role": "developer", "content": "Be brief."},
+        {"role": "user", "content": "Go on."},
+    ]
     cached = [render_prompt(ENC, _request(body)).token_ids for _ in range(2)]  # cold, then warm
     monkeypatch.setattr("domain.prompt.render_messages", _harmony_whole)
     whole = render_prompt(ENC, _request(body)).token_ids
     assert cached[0] == cached[1] == whole
 
 
-def test_a_head_that_differs_in_any_part_is_rendered_anew_not_looked_up(monkeypatch: pytest.MonkeyPatch) -> None:
-    tool = {"type": "function", "name": "lookup", "description": "Find it.", "parameters": {"type": "object"}}
-    base = {"input": "Hi", "instructions": "Be kind.", "tools": [tool], "reasoning": {"effort": "low"}}
+def test_a_head_that_differs_in_any_part_is_rendered_anew_not_looked_up(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    tool = {
+        "type": "function",
+        "name": "lookup",
+        "description": "Find it.",
+        "parameters": {"type": "object"},
+    }
+    base = {
+        "input": "Hi",
+        "instructions": "Be kind.",
+        "tools": [tool],
+        "reasoning": {"effort": "low"},
+    }
     variants: list[dict[str, Any]] = [
         base,
         {**base, "instructions": "Be brief."},
@@ -1351,7 +1372,12 @@ def test_a_head_that_differs_in_any_part_is_rendered_anew_not_looked_up(monkeypa
         {**base, "tools": []},
         {**base, "tools": [{**tool, "description": "Find it now."}]},
         {**base, "tools": [{**tool, "name": "search"}]},
-        {**base, "tools": [{**tool, "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}]},
+        {
+            **base,
+            "tools": [
+                {**tool, "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}
+            ],
+        },
         {**base, "tools": [tool, {**tool, "name": "search"}]},
     ]
     requests = [_request(v) for v in variants]

@@ -36,7 +36,9 @@ SPECIAL_IDS = st.one_of(
 )
 
 
-def _decode(tokens: list[int], *, truncated: bool = False, custom: tuple[str, ...] = ()) -> tuple[list[Event], object]:
+def _decode(
+    tokens: list[int], *, truncated: bool = False, custom: tuple[str, ...] = ()
+) -> tuple[list[Event], object]:
     b = make_builder()
     b.created()
     b.in_progress()
@@ -85,7 +87,9 @@ def test_special_tokens_never_reach_the_text(completion: str) -> None:
     tokens = _tokens(completion)
     if completion.endswith("caf"):
         e_acute = ENC.encode("\u00e9", disallowed_special=())
-        tokens += [*e_acute[:1], RESERVED, *e_acute[1:]] if len(e_acute) > 1 else [RESERVED, *e_acute]
+        tokens += (
+            [*e_acute[:1], RESERVED, *e_acute[1:]] if len(e_acute) > 1 else [RESERVED, *e_acute]
+        )
     events, result = _decode(tokens, custom=("sql",))
     text = _texts(events)
     assert "<|" not in text and "reserved" not in text and "endoftext" not in text, text
@@ -113,7 +117,9 @@ def test_the_text_around_a_dropped_token_is_kept_whole() -> None:
     st.lists(st.one_of(SPECIAL_IDS, st.sampled_from(POOL)), max_size=60),
     st.booleans(),
 )
-def test_random_token_sequences_never_put_a_special_token_in_text(tokens: list[int], truncated: bool) -> None:
+def test_random_token_sequences_never_put_a_special_token_in_text(
+    tokens: list[int], truncated: bool
+) -> None:
     events, _ = _decode(tokens, truncated=truncated, custom=("get_weather",))
     assert "<|" not in _texts(events)
 

@@ -18,11 +18,22 @@ def user(text: str, id_: str | None = None) -> dict[str, Any]:
 
 
 def call(call_id: str) -> dict[str, Any]:
-    return {"type": "function_call", "call_id": call_id, "name": "lookup", "arguments": "{}", "id": f"fc_{call_id}"}
+    return {
+        "type": "function_call",
+        "call_id": call_id,
+        "name": "lookup",
+        "arguments": "{}",
+        "id": f"fc_{call_id}",
+    }
 
 
 def output(call_id: str, text: str = "result") -> dict[str, Any]:
-    return {"type": "function_call_output", "call_id": call_id, "output": text, "id": f"fco_{call_id}"}
+    return {
+        "type": "function_call_output",
+        "call_id": call_id,
+        "output": text,
+        "id": f"fco_{call_id}",
+    }
 
 
 def test_a_call_and_its_output_are_never_cut_apart_and_the_last_item_stays() -> None:
@@ -84,9 +95,13 @@ def test_fit_drops_the_fewest_oldest_items_that_make_it_fit(shape: list[str], li
     assert found.dropped in points
     assert all(lengths[n] > limit for n in points if n < found.dropped)  # no fewer would do
     assert found.items[-1] == items[-1]
-    assert [i for i in items if i.get("role") == "developer"] == [i for i in found.items if i.get("role") == "developer"]
+    assert [i for i in items if i.get("role") == "developer"] == [
+        i for i in found.items if i.get("role") == "developer"
+    ]
     kept_calls = {i["call_id"] for i in found.items if i["type"] == "function_call"}
-    assert all(i["call_id"] in kept_calls for i in found.items if i["type"] == "function_call_output")
+    assert all(
+        i["call_id"] in kept_calls for i in found.items if i["type"] == "function_call_output"
+    )
     assert truncation_audit(found)["truncation"] == {
         "dropped_items": found.dropped,
         "dropped_ids": list(found.dropped_ids),

@@ -30,7 +30,9 @@ def engine() -> ScriptedEngine:
 
 
 @pytest.fixture(scope="session")
-def ledger(tmp_path_factory: pytest.TempPathFactory, engine: ScriptedEngine) -> Iterator[RunningServer]:
+def ledger(
+    tmp_path_factory: pytest.TempPathFactory, engine: ScriptedEngine
+) -> Iterator[RunningServer]:
     db: Path = tmp_path_factory.mktemp("ledger") / "responses.db"
     settings = Settings(
         engine="scripted",
@@ -68,7 +70,9 @@ def pg_url() -> Iterator[str]:
 
 @pytest.fixture
 def client(ledger: RunningServer) -> Iterator[OpenAI]:
-    with OpenAI(base_url=ledger.base_url + "/v1", api_key="test-key", max_retries=0, timeout=60) as c:
+    with OpenAI(
+        base_url=ledger.base_url + "/v1", api_key="test-key", max_retries=0, timeout=60
+    ) as c:
         yield c
 
 

@@ -34,7 +34,10 @@ def _error(resp: httpx.Response, status: int) -> dict[str, Any]:
 def _post_raw(ledger: RunningServer, raw: str | bytes) -> httpx.Response:
     content = raw.encode() if isinstance(raw, str) else raw
     return httpx.post(
-        ledger.base_url + "/v1/responses", content=content, headers={"content-type": "application/json"}, timeout=60
+        ledger.base_url + "/v1/responses",
+        content=content,
+        headers={"content-type": "application/json"},
+        timeout=60,
     )
 
 
@@ -52,7 +55,10 @@ def _nested_schema(levels: int) -> dict[str, Any]:
         (HEAD + '"metadata": {"k": "\\udfff"}}', "metadata.k"),
         (HEAD + '"metadata": {"\\udfff": "v"}}', "metadata.\\udfff"),
         (HEAD + '"no_such_field": {"x": ["ok", "a\\ud800b"]}}', "no_such_field.x[1]"),
-        ('{"model": "' + MODEL + '", "input": [{"role": "user", "content": "\\ud83d"}]}', "input[0].content"),
+        (
+            '{"model": "' + MODEL + '", "input": [{"role": "user", "content": "\\ud83d"}]}',
+            "input[0].content",
+        ),
         (HEAD + '"user": "a\\u0000b"}', "user"),
         (HEAD + '"metadata": {"a\\u0000": "v"}}', "metadata.a\\x00"),
         (HEAD + '"max_output_tokens": ' + "1" * 5000 + "}", "max_output_tokens"),
@@ -64,16 +70,25 @@ def _nested_schema(levels: int) -> dict[str, Any]:
         (HEAD + '"seed": 18446744073709551615}', "seed"),  # 20 digits: beyond any field
         (HEAD + '"seed": 9223372036854775808}', "seed"),  # 19 digits, beyond the 64-bit seed
         (
-            HEAD + '"tools": ' + json.dumps([{"type": "function", "name": "f", "parameters": _nested_schema(100)}]) + "}",
+            HEAD
+            + '"tools": '
+            + json.dumps([{"type": "function", "name": "f", "parameters": _nested_schema(100)}])
+            + "}",
             "tools[0].parameters.properties.a.properties",
         ),
         (HEAD + '"deep": ' + "[" * 100 + "]" * 100 + "}", "deep" + "[0]" * 62),
         ('{"model": "' + MODEL + '", "input": "' + "a" * 5000 + '"}', "input"),
         ('{"model": "' + MODEL + '", "input": "x ' + "!" * 5000 + '"}', "input"),
-        ('{"model": "' + MODEL + '", "instructions": "' + "\\n" * 5000 + '", "input": "hi"}', "instructions"),
         (
-            '{"model": "' + MODEL + '", "input": [{"role": "user", "content": [{"type": "input_text", "text": "'
-            + "中" * 5000 + '"}]}]}',
+            '{"model": "' + MODEL + '", "instructions": "' + "\\n" * 5000 + '", "input": "hi"}',
+            "instructions",
+        ),
+        (
+            '{"model": "'
+            + MODEL
+            + '", "input": [{"role": "user", "content": [{"type": "input_text", "text": "'
+            + "中" * 5000
+            + '"}]}]}',
             "input[0].content[0].text",
         ),
     ],
@@ -142,7 +157,9 @@ def test_query_parameters_are_checked(
 ) -> None:
     """On a response that exists (a missing one is 404 before its parameters are looked at, so
     that it cannot be told from another project's)."""
-    made = httpx.post(ledger.base_url + "/v1/responses", json={"model": MODEL, "input": "hi"}, timeout=30)
+    made = httpx.post(
+        ledger.base_url + "/v1/responses", json={"model": MODEL, "input": "hi"}, timeout=30
+    )
     assert made.status_code == 200, made.text
     url = f"{ledger.base_url}/v1/responses/{made.json()['id']}{path}"
     error = _error(httpx.get(url, params=params), status)
@@ -173,7 +190,9 @@ def _ids_are_404s(base_url: str, known: str) -> None:
 
 
 def test_a_path_id_that_cannot_exist_is_a_404_like_a_missing_one(ledger: RunningServer) -> None:
-    known = httpx.post(ledger.base_url + "/v1/responses", json={"model": MODEL, "input": "hi"}).json()["id"]
+    known = httpx.post(
+        ledger.base_url + "/v1/responses", json={"model": MODEL, "input": "hi"}
+    ).json()["id"]
     _ids_are_404s(ledger.base_url, known)
 
 
@@ -187,7 +206,9 @@ def test_a_path_id_that_cannot_exist_is_a_404_on_postgresql() -> None:
         engine = ScriptedEngine(load_encoding(), [MODEL], {"turns": []})
         settings = Settings(engine="scripted", database_url=url, served_model_names=(MODEL,))
         with serve(settings, engine=engine) as server:
-            known = httpx.post(server.base_url + "/v1/responses", json={"model": MODEL, "input": "hi"}).json()["id"]
+            known = httpx.post(
+                server.base_url + "/v1/responses", json={"model": MODEL, "input": "hi"}
+            ).json()["id"]
             _ids_are_404s(server.base_url, known)
     finally:
         asyncio.run(postgres.drop_database(url))
@@ -211,7 +232,11 @@ class _BrokenStore(MemoryStore):
 @pytest.fixture(scope="module")
 def broken() -> Iterator[RunningServer]:
     engine = ScriptedEngine(load_encoding(), [MODEL], {"turns": []})
-    with serve(Settings(engine="scripted", served_model_names=(MODEL,)), engine=engine, store=_BrokenStore()) as server:
+    with serve(
+        Settings(engine="scripted", served_model_names=(MODEL,)),
+        engine=engine,
+        store=_BrokenStore(),
+    ) as server:
         yield server
 
 
@@ -219,7 +244,9 @@ def broken() -> Iterator[RunningServer]:
 def test_an_unexpected_500_is_json_and_keeps_the_connection(
     broken: RunningServer, ident: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with httpx.Client(base_url=broken.base_url, limits=httpx.Limits(max_connections=1), timeout=30) as client:
+    with httpx.Client(
+        base_url=broken.base_url, limits=httpx.Limits(max_connections=1), timeout=30
+    ) as client:
         first = client.get("/v1/models")
         port = first.extensions["network_stream"].get_extra_info("client_addr")[1]
         with caplog.at_level("ERROR"):
@@ -230,7 +257,9 @@ def test_an_unexpected_500_is_json_and_keeps_the_connection(
         assert [r.exc_info is not None for r in errors] == [True]  # once, with its traceback
         # and the request's own line (app.logs), at ERROR for a 500, naming the response
         lines = [r for r in caplog.records if r.name == "app.requests"]
-        assert [(r.levelname, r.http_status, r.response_id) for r in lines] == [("ERROR", 500, ident)]  # type: ignore[attr-defined]
+        assert [(r.levelname, r.http_status, r.response_id) for r in lines] == [
+            ("ERROR", 500, ident)
+        ]  # type: ignore[attr-defined]
         after = client.get("/v1/models")  # the same connection, still usable
         assert after.status_code == 200
         assert after.extensions["network_stream"].get_extra_info("client_addr")[1] == port

@@ -31,9 +31,10 @@ def _cancel_after_first_delta(client: OpenAI, events: Any) -> list[Any]:
     seen: list[Any] = []
     for event in events:
         seen.append(event)
-        if isinstance(event, ResponseTextDeltaEvent) and len(
-            [e for e in seen if isinstance(e, ResponseTextDeltaEvent)]
-        ) == 1:
+        if (
+            isinstance(event, ResponseTextDeltaEvent)
+            and len([e for e in seen if isinstance(e, ResponseTextDeltaEvent)]) == 1
+        ):
             assert client.responses.cancel(seen[0].response.id).status == "cancelled"
     return seen
 
@@ -55,7 +56,10 @@ def _check_end(client: OpenAI, ledger: RunningServer, seen: list[Any]) -> None:
     assert log[-1]["type"] == "response.cancelled"
     with httpx.stream("GET", f"{ledger.base_url}/v1/responses/{rid}?stream=true", timeout=30) as r:
         replay = sse_events(r.read())
-    assert replay[-1]["type"] == "response.incomplete" and replay[-1]["response"]["status"] == "cancelled"
+    assert (
+        replay[-1]["type"] == "response.incomplete"
+        and replay[-1]["response"]["status"] == "cancelled"
+    )
     check_stream(replay)
     validate_with_sdk(replay)
     validate_stream_event(replay[-1])  # OpenAI's OpenAPI document takes it too
@@ -67,7 +71,9 @@ def test_a_cancelled_background_stream_ends_in_a_terminal_the_sdk_types(
 ) -> None:
     engine.add_turns({"completion": harmony(("final", LONG)), "token_delay_ms": 10})
     if way == "create_stream_true":
-        with client.responses.create(model=MODEL, input="long", background=True, stream=True) as events:
+        with client.responses.create(
+            model=MODEL, input="long", background=True, stream=True
+        ) as events:
             seen = _cancel_after_first_delta(client, events)
     else:
         with client.responses.stream(model=MODEL, input="long", background=True) as stream:

@@ -22,7 +22,9 @@ WORDS = " ".join(f"w{i}" for i in range(3000))
 
 
 @pytest.fixture(params=[True, False], ids=["coalesce", "a-delta-a-token"])
-def server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[RunningServer, ScriptedEngine, bool]]:
+def server(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> Iterator[tuple[RunningServer, ScriptedEngine, bool]]:
     engine = ScriptedEngine(load_encoding(), [MODEL], {"turns": []})
     settings = Settings(
         engine="scripted",
@@ -39,7 +41,9 @@ def test_a_fast_engines_waiting_tokens_are_one_delta_and_everything_agrees(
 ) -> None:
     running, engine, coalesce = server
     engine.add_turns({"completion": harmony(("final", WORDS))})
-    with OpenAI(base_url=running.base_url + "/v1", api_key="none") as client:  # (closed: its socket too)
+    with OpenAI(
+        base_url=running.base_url + "/v1", api_key="none"
+    ) as client:  # (closed: its socket too)
         with client.responses.stream(model=MODEL, input="go") as stream:
             events = list(stream)
             final = stream.get_final_response()

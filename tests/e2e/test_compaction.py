@@ -43,7 +43,9 @@ def _compact(client: OpenAI, engine: ScriptedEngine, summary: str, **body: Any) 
 def test_compact_keeps_the_user_messages_and_seals_the_models_summary(
     client: OpenAI, engine: ScriptedEngine
 ) -> None:
-    compacted = _compact(client, engine, "Cat Mirabelle, nine.", input=HISTORY, instructions="Be kind.")
+    compacted = _compact(
+        client, engine, "Cat Mirabelle, nine.", input=HISTORY, instructions="Be kind."
+    )
     assert compacted.object == "response.compaction"
     prompt = _prompt(engine)
     # the summarisation prompt follows the whole context, and the instructions are kept
@@ -52,7 +54,10 @@ def test_compact_keeps_the_user_messages_and_seals_the_models_summary(
     assert [item.type for item in compacted.output] == ["message", "message", "compaction"]
     users = _items(compacted.output[:2])
     assert [u["role"] for u in users] == ["user", "user"]
-    assert [u["content"][0]["text"] for u in users] == [HISTORY[0]["content"], HISTORY[2]["content"]]
+    assert [u["content"][0]["text"] for u in users] == [
+        HISTORY[0]["content"],
+        HISTORY[2]["content"],
+    ]
     item = compacted.output[2]
     assert item.id.startswith("cmp_") and item.encrypted_content.startswith("rlr1.")
     assert "Mirabelle" not in item.encrypted_content  # sealed, not encoded
@@ -60,7 +65,9 @@ def test_compact_keeps_the_user_messages_and_seals_the_models_summary(
     assert compacted.usage.output_tokens > 0
 
 
-def test_a_compaction_item_is_replayed_as_the_summary(client: OpenAI, engine: ScriptedEngine) -> None:
+def test_a_compaction_item_is_replayed_as_the_summary(
+    client: OpenAI, engine: ScriptedEngine
+) -> None:
     compacted = _compact(client, engine, "SUMMARY-7f3: cat Mirabelle, nine years.", input=HISTORY)
     engine.add_turns({"completion": harmony(("final", "Mirabelle."))})
     answer = client.responses.create(
@@ -81,7 +88,9 @@ def test_a_compaction_item_is_replayed_as_the_summary(client: OpenAI, engine: Sc
     assert "A lovely name" not in again and "SUMMARY-7f3" in again and "My cat is called" in again
 
 
-def test_a_compaction_carries_on_through_previous_response_id(client: OpenAI, engine: ScriptedEngine) -> None:
+def test_a_compaction_carries_on_through_previous_response_id(
+    client: OpenAI, engine: ScriptedEngine
+) -> None:
     compacted = _compact(client, engine, "SUMMARY-c41", input=HISTORY)
     engine.add_turns({"completion": harmony(("final", "Noted."))})
     first = client.responses.create(model=MODEL, input=_items(compacted.output))
@@ -91,15 +100,26 @@ def test_a_compaction_carries_on_through_previous_response_id(client: OpenAI, en
     assert "SUMMARY-c41" in prompt and "Noted." in prompt and "And now?" in prompt
 
 
-def test_a_tampered_or_foreign_compaction_item_is_a_400(client: OpenAI, engine: ScriptedEngine) -> None:
+def test_a_tampered_or_foreign_compaction_item_is_a_400(
+    client: OpenAI, engine: ScriptedEngine
+) -> None:
     compacted = _compact(client, engine, "SUMMARY", input=HISTORY)
     item = _items(compacted.output)[-1]
     blob = item["encrypted_content"]
-    tampered = {**item, "encrypted_content": blob[:-6] + ("AAAAAA" if not blob.endswith("AAAAAA") else "BBBBBB")}
+    tampered = {
+        **item,
+        "encrypted_content": blob[:-6] + ("AAAAAA" if not blob.endswith("AAAAAA") else "BBBBBB"),
+    }
     engine.add_turns({"completion": harmony(("analysis", "thinking"), ("final", "ok"))})
-    reasoned = client.responses.create(model=MODEL, input="hi", include=["reasoning.encrypted_content"])
+    reasoned = client.responses.create(
+        model=MODEL, input="hi", include=["reasoning.encrypted_content"]
+    )
     sealed_reasoning = next(o for o in reasoned.output if o.type == "reasoning").encrypted_content
-    for bad in (tampered, {**item, "encrypted_content": sealed_reasoning}, {**item, "encrypted_content": "x"}):
+    for bad in (
+        tampered,
+        {**item, "encrypted_content": sealed_reasoning},
+        {**item, "encrypted_content": "x"},
+    ):
         prompts = engine.prompt_count
         with pytest.raises(openai.BadRequestError) as caught:
             client.responses.create(model=MODEL, input=[bad, {"role": "user", "content": "go on"}])
@@ -123,7 +143,9 @@ def test_a_compaction_trigger_streams_exactly_one_compaction_item(
     assert SUMMARY_PROMPT in _prompt(engine)
     added = [e for e in events if e.type == "response.output_item.added"]
     done = [e for e in events if e.type == "response.output_item.done"]
-    assert [e.item.type for e in added] == ["compaction"] and [e.item.type for e in done] == ["compaction"]
+    assert [e.item.type for e in added] == ["compaction"] and [e.item.type for e in done] == [
+        "compaction"
+    ]
     assert added[0].item.id == done[0].item.id and done[0].item.encrypted_content
     assert [e.type for e in events] == [
         "response.created",
@@ -142,26 +164,34 @@ def test_a_compaction_trigger_streams_exactly_one_compaction_item(
     assert final.response.usage.input_tokens == len(engine.prompts[-1])
     item = final.response.output[0]
     engine.add_turns({"completion": harmony(("final", "ok"))})
-    client.responses.create(model=MODEL, input=[item.to_dict(), {"role": "user", "content": "Go on."}], store=False)
+    client.responses.create(
+        model=MODEL, input=[item.to_dict(), {"role": "user", "content": "Go on."}], store=False
+    )
     assert f"SUMMARY-trigger-{store}" in _prompt(engine)
     if store:  # in the log: the item, and the engine's work in the audit records
         log = httpx.get(f"{ledger.base_url}/v1/responses/{final.response.id}/events").json()
         kinds = {a["kind"]: a for a in log["audit"]}
         assert kinds["compaction_prompt_token_ids"]["token_ids"] == list(engine.prompts[-2])
         assert kinds["compaction_output_token_ids"]["token_ids"]
-        assert client.responses.retrieve(final.response.id).output[0].encrypted_content == item.encrypted_content
+        assert (
+            client.responses.retrieve(final.response.id).output[0].encrypted_content
+            == item.encrypted_content
+        )
         engine.add_turns({"completion": harmony(("final", "ok"))})
         client.responses.create(model=MODEL, input="More?", previous_response_id=final.response.id)
         follow = _prompt(engine)
         assert f"SUMMARY-trigger-{store}" in follow and "A lovely name" not in follow
 
 
-def test_context_management_compacts_past_the_threshold(client: OpenAI, engine: ScriptedEngine) -> None:
+def test_context_management_compacts_past_the_threshold(
+    client: OpenAI, engine: ScriptedEngine
+) -> None:
     body: dict[str, Any] = {"model": MODEL, "input": HISTORY}
     size = client.responses.input_tokens.count(**body).input_tokens
     engine.add_turns({"completion": harmony(("final", "Below."))})
     below = client.responses.create(
-        **body, extra_body={"context_management": [{"type": "compaction", "compact_threshold": size}]}
+        **body,
+        extra_body={"context_management": [{"type": "compaction", "compact_threshold": size}]},
     )
     assert [o.type for o in below.output] == ["message"]  # at the threshold: no compaction
     engine.add_turns(
@@ -169,7 +199,8 @@ def test_context_management_compacts_past_the_threshold(client: OpenAI, engine: 
         {"completion": harmony(("final", "Nine years."))},
     )
     above = client.responses.create(
-        **body, extra_body={"context_management": [{"type": "compaction", "compact_threshold": size - 1}]}
+        **body,
+        extra_body={"context_management": [{"type": "compaction", "compact_threshold": size - 1}]},
     )
     assert [o.type for o in above.output] == ["compaction", "message"]
     assert above.output_text == "Nine years."
@@ -184,21 +215,39 @@ def test_context_management_compacts_past_the_threshold(client: OpenAI, engine: 
 @pytest.mark.parametrize(
     ("path", "body", "param"),
     [
-        ("/responses", {"input": [{"type": "compaction_trigger"}, {"role": "user", "content": "x"}]}, "input[0].type"),
-        ("/responses", {"input": "x", "context_management": [{"type": "truncate"}]}, "context_management[0].type"),
+        (
+            "/responses",
+            {"input": [{"type": "compaction_trigger"}, {"role": "user", "content": "x"}]},
+            "input[0].type",
+        ),
+        (
+            "/responses",
+            {"input": "x", "context_management": [{"type": "truncate"}]},
+            "context_management[0].type",
+        ),
         (
             "/responses",
             {"input": "x", "context_management": [{"type": "compaction", "compact_threshold": 0}]},
             "context_management[0].compact_threshold",
         ),
-        ("/responses", {"input": "x", "context_management": {"type": "compaction"}}, "context_management"),
-        ("/responses", {"input": [{"type": "compaction"}, {"role": "user", "content": "x"}]}, "input[0].encrypted_content"),
+        (
+            "/responses",
+            {"input": "x", "context_management": {"type": "compaction"}},
+            "context_management",
+        ),
+        (
+            "/responses",
+            {"input": [{"type": "compaction"}, {"role": "user", "content": "x"}]},
+            "input[0].encrypted_content",
+        ),
         ("/responses/compact", {"input": "x", "store": True}, "store"),
         ("/responses/compact", {"input": []}, "input"),
         ("/responses/compact", {"input": "x", "model": "no-such-model"}, "model"),
     ],
 )
-def test_what_cannot_be_compacted_is_refused(client: OpenAI, path: str, body: dict[str, Any], param: str) -> None:
+def test_what_cannot_be_compacted_is_refused(
+    client: OpenAI, path: str, body: dict[str, Any], param: str
+) -> None:
     with pytest.raises(openai.APIStatusError) as caught:
         client.post(path, body={"model": MODEL, **body}, cast_to=httpx.Response)
     error: Any = caught.value.body
@@ -209,7 +258,11 @@ def test_what_cannot_be_compacted_is_refused(client: OpenAI, path: str, body: di
 def test_a_trigger_with_a_forced_tool_choice_still_gives_only_the_compaction_item(
     client: OpenAI, engine: ScriptedEngine
 ) -> None:
-    tool = {"type": "function", "name": "lookup", "parameters": {"type": "object", "properties": {}}}
+    tool = {
+        "type": "function",
+        "name": "lookup",
+        "parameters": {"type": "object", "properties": {}},
+    }
     engine.add_turns({"completion": harmony(("final", "SUMMARY-forced"))})
     response = client.responses.create(
         model=MODEL,
@@ -242,7 +295,11 @@ def test_compact_takes_the_codex_clis_body(client: OpenAI, engine: ScriptedEngin
     the tools are declared so that the history's calls render, and none is offered."""
     tool = {"type": "function", "name": "shell", "parameters": {"type": "object", "properties": {}}}
     history = [
-        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "List files."}]},
+        {
+            "type": "message",
+            "role": "user",
+            "content": [{"type": "input_text", "text": "List files."}],
+        },
         {"type": "function_call", "call_id": "call_1", "name": "shell", "arguments": "{}"},
         {"type": "function_call_output", "call_id": "call_1", "output": "README.md"},
     ]
@@ -264,7 +321,9 @@ def test_compact_takes_the_codex_clis_body(client: OpenAI, engine: ScriptedEngin
     assert "functions.shell" in prompt and "README.md" in prompt and "Reasoning: low" in prompt
     assert "namespace functions" not in prompt  # declared for the history, not offered
     with pytest.raises(openai.BadRequestError) as caught:
-        client.responses.compact(model=MODEL, input="x", extra_body={"tools": [{"type": "web_search"}]})
+        client.responses.compact(
+            model=MODEL, input="x", extra_body={"tools": [{"type": "web_search"}]}
+        )
     assert caught.value.body["param"] == "tools[0].type"  # type: ignore[index]
 
 

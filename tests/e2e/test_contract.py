@@ -138,12 +138,25 @@ def test_an_unknown_tool_type_and_one_inside_a_namespace_are_400s(client: OpenAI
 def test_a_grammar_in_a_syntax_no_backend_reads_is_a_400_on_every_engine(client: OpenAI) -> None:
     """The scripted engine enforces no grammar, and still an ``ebnf`` one is refused, in a
     namespace too; a grammar without its definition as well."""
-    ebnf: Any = {"type": "custom", "name": "e", "format": {"type": "grammar", "syntax": "ebnf", "definition": "a ::= 'x'"}}
+    ebnf: Any = {
+        "type": "custom",
+        "name": "e",
+        "format": {"type": "grammar", "syntax": "ebnf", "definition": "a ::= 'x'"},
+    }
     error = _refused(client, tools=[ebnf])
     assert error["param"] == "tools[0].format.syntax" and "'lark' or 'regex'" in error["message"]
-    namespace: Any = {"type": "namespace", "name": "db", "description": "DB.", "tools": [FUNCTION, ebnf]}
+    namespace: Any = {
+        "type": "namespace",
+        "name": "db",
+        "description": "DB.",
+        "tools": [FUNCTION, ebnf],
+    }
     assert _refused(client, tools=[namespace])["param"] == "tools[0].tools[1].format.syntax"
-    empty: Any = {"type": "custom", "name": "e", "format": {"type": "grammar", "syntax": "lark", "definition": " "}}
+    empty: Any = {
+        "type": "custom",
+        "name": "e",
+        "format": {"type": "grammar", "syntax": "lark", "definition": " "},
+    }
     assert _refused(client, tools=[empty])["param"] == "tools[0].format.definition"
 
 

@@ -29,7 +29,9 @@ FAST_LEASES = {
 
 def _background(base_url: str) -> str:
     answer = httpx.post(
-        base_url + "/v1/responses", json={"model": MODEL, "input": "go", "background": True}, timeout=30
+        base_url + "/v1/responses",
+        json={"model": MODEL, "input": "go", "background": True},
+        timeout=30,
     )
     assert answer.status_code == 200, answer.text
     return str(answer.json()["id"])
@@ -64,7 +66,9 @@ def test_sigterm_alone_lets_short_responses_finish_and_ends_the_rest_incomplete(
     ready = httpx.get(server.base_url + "/health/ready", timeout=5)
     assert (ready.status_code, ready.json()) == (503, {"status": "draining"})
     assert httpx.get(server.base_url + "/health/live", timeout=5).status_code == 200
-    refused = httpx.post(server.base_url + "/v1/responses", json={"model": MODEL, "input": "x"}, timeout=10)
+    refused = httpx.post(
+        server.base_url + "/v1/responses", json={"model": MODEL, "input": "x"}, timeout=10
+    )
     assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
     assert refused.json()["error"]["code"] == "server_draining"
     _wait_status(server.base_url, short_id, "completed")  # reads are still served
@@ -83,7 +87,11 @@ def _rows(pg_url: str, response_id: str) -> dict[str, int]:
         conn = await asyncpg.connect(pg_url.replace("+asyncpg", ""))
         try:
             return {
-                table: int(await conn.fetchval(f"SELECT count(*) FROM {table} WHERE {col} = $1", response_id))
+                table: int(
+                    await conn.fetchval(
+                        f"SELECT count(*) FROM {table} WHERE {col} = $1", response_id
+                    )
+                )
                 for table, col in (
                     ("responses", "id"),
                     ("response_events", "response_id"),
@@ -106,7 +114,9 @@ def test_cancel_and_delete_through_another_replica(
     processes.extend([a, b])
     cancelled = _background(a.base_url)
     _wait_status(b.base_url, cancelled, "in_progress")
-    with httpx.stream("GET", f"{a.base_url}/v1/responses/{cancelled}?stream=true", timeout=30) as on_a:
+    with httpx.stream(
+        "GET", f"{a.base_url}/v1/responses/{cancelled}?stream=true", timeout=30
+    ) as on_a:
         started = time.monotonic()
         answer = httpx.post(f"{b.base_url}/v1/responses/{cancelled}/cancel", timeout=30)
         took = time.monotonic() - started
@@ -114,7 +124,10 @@ def test_cancel_and_delete_through_another_replica(
         assert answer.json()["status"] == "cancelled"
         events = sse_events(on_a.read())
     assert took < 5  # the benchmark measures it; this only says it did not wait for the end
-    assert (events[-1]["type"], events[-1]["response"]["status"]) == ("response.incomplete", "cancelled")
+    assert (events[-1]["type"], events[-1]["response"]["status"]) == (
+        "response.incomplete",
+        "cancelled",
+    )
     assert [e["sequence_number"] for e in events] == list(range(len(events)))
     assert _get(a.base_url, cancelled).json()["status"] == "cancelled"
 
@@ -142,7 +155,13 @@ def test_a_draining_replica_takes_nothing_over(
     replica that stays, C, instead of being claimed by one on its way out."""
     long = {"completion": harmony(("final", WORDS * 6)), "token_delay_ms": 15}  # ~15 s
     a = ServerProcess(tmp_path, "a", pg_url, {"turns": [long]}, env=FAST_LEASES)
-    b = ServerProcess(tmp_path, "b", pg_url, {"turns": [long]}, env={**FAST_LEASES, "RESPONSES_LEDGER_DRAIN_S": "30"})
+    b = ServerProcess(
+        tmp_path,
+        "b",
+        pg_url,
+        {"turns": [long]},
+        env={**FAST_LEASES, "RESPONSES_LEDGER_DRAIN_S": "30"},
+    )
     processes.extend([a, b])
     on_a, on_b = _background(a.base_url), _background(b.base_url)
     _wait_status(a.base_url, on_a, "in_progress")

@@ -25,14 +25,17 @@ REQUESTS = 2000
 
 def test_fuzzed_requests_get_no_5xx_and_openai_shaped_errors(tmp_path: Path) -> None:
     settings_ = Settings(
-        engine="echo", database_url=f"sqlite+aiosqlite:///{tmp_path / 'fuzz.db'}", served_model_names=(MODEL,)
+        engine="echo",
+        database_url=f"sqlite+aiosqlite:///{tmp_path / 'fuzz.db'}",
+        served_model_names=(MODEL,),
     )
     counts: collections.Counter[str] = collections.Counter()
     problems: list[str] = []
     known: list[str] = []
-    with serve(settings_, engine=EchoEngine(load_encoding(), [MODEL])) as server, httpx.Client(
-        base_url=server.base_url, timeout=60
-    ) as client:
+    with (
+        serve(settings_, engine=EchoEngine(load_encoding(), [MODEL])) as server,
+        httpx.Client(base_url=server.base_url, timeout=60) as client,
+    ):
 
         @seed(14)
         @settings(max_examples=REQUESTS, deadline=None, database=None, phases=[Phase.generate],

@@ -24,7 +24,9 @@ from tests.e2e.conftest import MODEL, harmony, sse_events
 from tests.support.server import RunningServer, serve
 
 STREAM_EVENT = TypeAdapter(ResponseStreamEvent)
-REASON_THEN_ANSWER = harmony(("analysis", "The user greets me."), ("final", "Hello! How can I help?"))
+REASON_THEN_ANSWER = harmony(
+    ("analysis", "The user greets me."), ("final", "Hello! How can I help?")
+)
 
 
 def _error(resp: httpx.Response, status: int) -> dict[str, Any]:
@@ -37,13 +39,17 @@ def _error(resp: httpx.Response, status: int) -> dict[str, Any]:
 
 
 def _raw_stream(ledger: RunningServer, body: dict[str, Any]) -> list[dict[str, Any]]:
-    with httpx.stream("POST", ledger.base_url + "/v1/responses", json={**body, "stream": True}, timeout=60) as r:
+    with httpx.stream(
+        "POST", ledger.base_url + "/v1/responses", json={**body, "stream": True}, timeout=60
+    ) as r:
         assert r.status_code == 200
         assert r.headers["content-type"].startswith("text/event-stream")
         return sse_events(r.read())
 
 
-def test_stream_nonstream_and_get_agree(client: OpenAI, engine: ScriptedEngine, ledger: RunningServer) -> None:
+def test_stream_nonstream_and_get_agree(
+    client: OpenAI, engine: ScriptedEngine, ledger: RunningServer
+) -> None:
     engine.add_turns({"completion": REASON_THEN_ANSWER}, {"completion": REASON_THEN_ANSWER})
     events = _raw_stream(ledger, {"model": MODEL, "input": "Hi"})
     assert [e["sequence_number"] for e in events] == list(range(len(events)))
@@ -55,7 +61,11 @@ def test_stream_nonstream_and_get_agree(client: OpenAI, engine: ScriptedEngine, 
 
     plain = client.responses.create(model=MODEL, input="Hi")
     assert plain.status == streamed.status == "completed"
-    assert [o.type for o in plain.output] == [o.type for o in streamed.output] == ["reasoning", "message"]
+    assert (
+        [o.type for o in plain.output]
+        == [o.type for o in streamed.output]
+        == ["reasoning", "message"]
+    )
     assert plain.output_text == streamed.output_text == "Hello! How can I help?"
 
     fetched = client.responses.retrieve(streamed.id)
@@ -82,12 +92,20 @@ def test_sdk_stream_helper_accepts_our_stream(client: OpenAI, engine: ScriptedEn
     assert client.responses.retrieve(final.id).model_dump() == streamed
 
 
-def test_resume_after_disconnect_gets_exactly_the_rest(ledger: RunningServer, engine: ScriptedEngine) -> None:
-    engine.add_turns({"completion": harmony(("final", "one two three four five six seven eight nine ten")),
-                      "token_delay_ms": 25})
+def test_resume_after_disconnect_gets_exactly_the_rest(
+    ledger: RunningServer, engine: ScriptedEngine
+) -> None:
+    engine.add_turns(
+        {
+            "completion": harmony(("final", "one two three four five six seven eight nine ten")),
+            "token_delay_ms": 25,
+        }
+    )
     url = ledger.base_url + "/v1/responses"
     first: list[dict[str, Any]] = []
-    with httpx.stream("POST", url, json={"model": MODEL, "input": "count", "stream": True}, timeout=60) as r:
+    with httpx.stream(
+        "POST", url, json={"model": MODEL, "input": "count", "stream": True}, timeout=60
+    ) as r:
         buffer = b""
         for chunk in r.iter_raw():
             buffer += chunk
@@ -98,11 +116,15 @@ def test_resume_after_disconnect_gets_exactly_the_rest(ledger: RunningServer, en
                 break  # the client goes away mid-stream
     first = first[:5]
     response_id = first[0]["response"]["id"]
-    with httpx.stream("GET", f"{url}/{response_id}", params={"stream": "true", "starting_after": 4}, timeout=60) as r:
+    with httpx.stream(
+        "GET", f"{url}/{response_id}", params={"stream": "true", "starting_after": 4}, timeout=60
+    ) as r:
         rest = sse_events(r.read())
     assert [e["sequence_number"] for e in rest] == list(range(5, 5 + len(rest)))
     assert rest[-1]["type"] == "response.completed"
-    full = sse_events(httpx.get(f"{url}/{response_id}", params={"stream": "true"}, timeout=60).content)
+    full = sse_events(
+        httpx.get(f"{url}/{response_id}", params={"stream": "true"}, timeout=60).content
+    )
     assert first + rest == full
     text = "".join(e["delta"] for e in full if e["type"] == "response.output_text.delta")
     assert text == "one two three four five six seven eight nine ten"
@@ -120,9 +142,15 @@ def _wait_status(client: OpenAI, response_id: str, timeout: float = 30) -> Respo
 def test_dropping_a_stored_stream_does_not_stop_the_response(
     client: OpenAI, ledger: RunningServer, engine: ScriptedEngine
 ) -> None:
-    engine.add_turns({"completion": harmony(("final", "a b c d e f g h i j k l")), "token_delay_ms": 20})
-    with httpx.stream("POST", ledger.base_url + "/v1/responses",
-                      json={"model": MODEL, "input": "x", "stream": True}, timeout=60) as r:
+    engine.add_turns(
+        {"completion": harmony(("final", "a b c d e f g h i j k l")), "token_delay_ms": 20}
+    )
+    with httpx.stream(
+        "POST",
+        ledger.base_url + "/v1/responses",
+        json={"model": MODEL, "input": "x", "stream": True},
+        timeout=60,
+    ) as r:
         head = next(r.iter_raw())
     response_id = sse_events(head)[0]["response"]["id"]
     done = _wait_status(client, response_id)
@@ -132,9 +160,15 @@ def test_dropping_a_stored_stream_does_not_stop_the_response(
 def test_dropping_an_unstored_stream_aborts_the_engine_request(
     ledger: RunningServer, engine: ScriptedEngine
 ) -> None:
-    engine.add_turns({"completion": harmony(("final", " ".join(["word"] * 200))), "token_delay_ms": 20})
-    with httpx.stream("POST", ledger.base_url + "/v1/responses",
-                      json={"model": MODEL, "input": "x", "stream": True, "store": False}, timeout=60) as r:
+    engine.add_turns(
+        {"completion": harmony(("final", " ".join(["word"] * 200))), "token_delay_ms": 20}
+    )
+    with httpx.stream(
+        "POST",
+        ledger.base_url + "/v1/responses",
+        json={"model": MODEL, "input": "x", "stream": True, "store": False},
+        timeout=60,
+    ) as r:
         head = next(r.iter_raw())
     response_id = sse_events(head)[0]["response"]["id"]
     deadline = time.monotonic() + 10
@@ -162,11 +196,19 @@ def test_delete_then_everything_is_404(client: OpenAI, ledger: RunningServer) ->
     response = client.responses.create(model=MODEL, input="bye")
     deleted = httpx.delete(f"{ledger.base_url}/v1/responses/{response.id}").json()
     assert deleted == {"id": response.id, "object": "response.deleted", "deleted": True}
-    for method, path in [("GET", ""), ("DELETE", ""), ("GET", "/input_items"), ("POST", "/cancel"), ("GET", "/events")]:
+    for method, path in [
+        ("GET", ""),
+        ("DELETE", ""),
+        ("GET", "/input_items"),
+        ("POST", "/cancel"),
+        ("GET", "/events"),
+    ]:
         _error(httpx.request(method, f"{ledger.base_url}/v1/responses/{response.id}{path}"), 404)
 
 
-def test_events_endpoint_shows_the_log_and_the_audit_records(client: OpenAI, ledger: RunningServer, engine: ScriptedEngine) -> None:
+def test_events_endpoint_shows_the_log_and_the_audit_records(
+    client: OpenAI, ledger: RunningServer, engine: ScriptedEngine
+) -> None:
     engine.add_turns({"completion": REASON_THEN_ANSWER})
     response = client.responses.create(model=MODEL, input="Hi")
     log = httpx.get(f"{ledger.base_url}/v1/responses/{response.id}/events").json()
@@ -196,7 +238,9 @@ def test_models_and_health(ledger: RunningServer) -> None:
         ({"model": MODEL, "input": "x", "background": True, "store": False}, "background"),
     ],
 )
-def test_bad_requests_are_400_naming_the_field(ledger: RunningServer, body: dict[str, Any], param: str) -> None:
+def test_bad_requests_are_400_naming_the_field(
+    ledger: RunningServer, body: dict[str, Any], param: str
+) -> None:
     error = _error(httpx.post(ledger.base_url + "/v1/responses", json=body), 400)
     assert error["type"] == "invalid_request_error"
     assert (error["param"] or "").startswith(param), error
@@ -220,7 +264,9 @@ def test_malformed_json_oversized_body_and_unknown_paths(ledger: RunningServer) 
 
 
 def test_a_nul_character_in_the_request_is_a_400(ledger: RunningServer) -> None:
-    error = _error(httpx.post(ledger.base_url + "/v1/responses", json={"model": MODEL, "input": "a\x00b"}), 400)
+    error = _error(
+        httpx.post(ledger.base_url + "/v1/responses", json={"model": MODEL, "input": "a\x00b"}), 400
+    )
     assert error["code"] == "invalid_value"
 
 
@@ -235,18 +281,24 @@ def test_item_reference_resolves_items_of_the_chain_and_of_the_input(
     from app.encoding import load_encoding
 
     first = client.responses.create(
-        model=MODEL, input=[{"type": "message", "role": "user", "content": "Remember Oslo.", "id": "msg_keep"}]
+        model=MODEL,
+        input=[{"type": "message", "role": "user", "content": "Remember Oslo.", "id": "msg_keep"}],
     )
     client.responses.create(
         model=MODEL,
         previous_response_id=first.id,
-        input=[{"type": "item_reference", "id": "msg_keep"}, {"role": "user", "content": "And now?"}],  # type: ignore[list-item]
+        input=[
+            {"type": "item_reference", "id": "msg_keep"},
+            {"role": "user", "content": "And now?"},
+        ],  # type: ignore[list-item]
     )
     prompt = load_encoding().decode_utf8(engine.prompts[-1])
     assert prompt.count("<|start|>user<|message|>Remember Oslo.<|end|>") == 2
     error = _error(
-        httpx.post(ledger.base_url + "/v1/responses",
-                   json={"model": MODEL, "input": [{"type": "item_reference", "id": "msg_nowhere"}]}),
+        httpx.post(
+            ledger.base_url + "/v1/responses",
+            json={"model": MODEL, "input": [{"type": "item_reference", "id": "msg_nowhere"}]},
+        ),
         400,
     )
     assert "msg_nowhere" in error["message"]
@@ -261,19 +313,29 @@ class _RefusingStore(MemoryStore):
         return future
 
 
-@pytest.mark.parametrize("mode", [{"stream": True}, {"stream": False}, {"background": True}], ids=str)
-def test_a_response_the_store_cannot_take_is_a_500_not_an_empty_stream(mode: dict[str, bool]) -> None:
+@pytest.mark.parametrize(
+    "mode", [{"stream": True}, {"stream": False}, {"background": True}], ids=str
+)
+def test_a_response_the_store_cannot_take_is_a_500_not_an_empty_stream(
+    mode: dict[str, bool],
+) -> None:
     engine = ScriptedEngine(load_encoding(), [MODEL], {"turns": []})
     settings = Settings(engine="scripted", served_model_names=(MODEL,))
     with serve(settings, engine=engine, store=_RefusingStore()) as server:
-        r = httpx.post(server.base_url + "/v1/responses", json={"model": MODEL, "input": "hi", **mode}, timeout=30)
+        r = httpx.post(
+            server.base_url + "/v1/responses",
+            json={"model": MODEL, "input": "hi", **mode},
+            timeout=30,
+        )
         error = _error(r, 500)
         assert error["type"] == "server_error"
         # a response that was never stored is not generated either: nothing keeps running
         assert server.service._live == {}
         assert len(engine.aborted_requests) == 1  # and the engine was told to stop
         unstored = httpx.post(
-            server.base_url + "/v1/responses", json={"model": MODEL, "input": "hi", "store": False}, timeout=30
+            server.base_url + "/v1/responses",
+            json={"model": MODEL, "input": "hi", "store": False},
+            timeout=30,
         )
         assert unstored.status_code == 200 and unstored.json()["status"] == "completed"
 
@@ -301,7 +363,9 @@ class _SlowRecordingStore(MemoryStore):
         future.add_done_callback(settle)
         return slow
 
-    def submit(self, response_id: str, events: Any, expected_seq: int, token_ids: Any = ()) -> asyncio.Future[None]:
+    def submit(
+        self, response_id: str, events: Any, expected_seq: int, token_ids: Any = ()
+    ) -> asyncio.Future[None]:
         self.order.extend(e.type for e in events)
         return self._later(super().submit(response_id, events, expected_seq, token_ids))
 
@@ -311,17 +375,27 @@ class _SlowRecordingStore(MemoryStore):
 
 
 def test_the_output_audit_never_reaches_the_store_before_the_terminal_event() -> None:
-    engine = ScriptedEngine(load_encoding(), [MODEL], {"turns": [{"completion": harmony(("final", "one two three four"))}]})
+    engine = ScriptedEngine(
+        load_encoding(),
+        [MODEL],
+        {"turns": [{"completion": harmony(("final", "one two three four"))}]},
+    )
     settings = Settings(engine="scripted", served_model_names=(MODEL,))
     store = _SlowRecordingStore()
     with serve(settings, engine=engine, store=store) as server:
-        r = httpx.post(server.base_url + "/v1/responses", json={"model": MODEL, "input": "hi"}, timeout=30)
+        r = httpx.post(
+            server.base_url + "/v1/responses", json={"model": MODEL, "input": "hi"}, timeout=30
+        )
         assert r.status_code == 200 and r.json()["status"] == "completed"
         deadline = time.monotonic() + 10
         while "audit:finish" not in store.order and time.monotonic() < deadline:
             time.sleep(0.01)
     order = store.order
-    assert order.index("response.completed") < order.index("audit:output_token_ids") < order.index("audit:finish")
+    assert (
+        order.index("response.completed")
+        < order.index("audit:output_token_ids")
+        < order.index("audit:finish")
+    )
     assert order.index("audit:prompt_token_ids") < order.index("response.completed")
 
 
@@ -337,11 +411,19 @@ def _commits_of_one_response(tmp_path: Path, script: dict[str, Any]) -> tuple[in
     with serve(settings, engine=engine) as server:
         store = server.service.store
         before = store.stats
-        r = httpx.post(server.base_url + "/v1/responses", json={"model": MODEL, "input": "hi"}, timeout=30)
+        r = httpx.post(
+            server.base_url + "/v1/responses", json={"model": MODEL, "input": "hi"}, timeout=30
+        )
         assert r.status_code == 200 and r.json()["status"] == "completed"
         after = store.stats
-        audit = httpx.get(f"{server.base_url}/v1/responses/{r.json()['id']}/events", timeout=30).json()["audit"]
-    return after.transactions - before.transactions, after.writes - before.writes, [a["kind"] for a in audit]
+        audit = httpx.get(
+            f"{server.base_url}/v1/responses/{r.json()['id']}/events", timeout=30
+        ).json()["audit"]
+    return (
+        after.transactions - before.transactions,
+        after.writes - before.writes,
+        [a["kind"] for a in audit],
+    )
 
 
 def test_a_short_response_costs_two_commits(tmp_path: Path) -> None:
@@ -374,7 +456,9 @@ class _HesitantStore(MemoryStore):
     """Reads of a log take 50 ms, during which a live response keeps committing and publishing:
     a resuming reader then gets, from the store and from the live queue, events of both."""
 
-    async def load(self, response_id: str, after_seq: int | None = None, limit: int | None = None) -> Any:
+    async def load(
+        self, response_id: str, after_seq: int | None = None, limit: int | None = None
+    ) -> Any:
         await asyncio.sleep(0.05)
         return await super().load(response_id, after_seq, limit)
 
@@ -382,7 +466,9 @@ class _HesitantStore(MemoryStore):
 def test_resuming_a_live_response_sends_each_event_once() -> None:
     words = " ".join(f"w{i}" for i in range(100))
     engine = ScriptedEngine(
-        load_encoding(), [MODEL], {"turns": [{"completion": harmony(("final", words)), "token_delay_ms": 5}]}
+        load_encoding(),
+        [MODEL],
+        {"turns": [{"completion": harmony(("final", words)), "token_delay_ms": 5}]},
     )
     settings = Settings(engine="scripted", served_model_names=(MODEL,))
     body = {"model": MODEL, "input": "hi", "stream": True}
@@ -391,7 +477,9 @@ def test_resuming_a_live_response_sends_each_event_once() -> None:
         httpx.stream("POST", server.base_url + "/v1/responses", json=body, timeout=60) as live,
     ):
         lines = live.iter_lines()
-        response_id = next(json.loads(line[6:]) for line in lines if line.startswith("data: "))["response"]["id"]
+        response_id = next(json.loads(line[6:]) for line in lines if line.startswith("data: "))[
+            "response"
+        ]["id"]
         resumed = httpx.get(
             f"{server.base_url}/v1/responses/{response_id}",
             params={"stream": "true", "starting_after": 0},

@@ -18,17 +18,28 @@ TOOL = {
     "type": "function",
     "name": "lookup",
     "description": "Look a word up.",
-    "parameters": {"type": "object", "properties": {"word": {"type": "string"}}, "required": ["word"]},
+    "parameters": {
+        "type": "object",
+        "properties": {"word": {"type": "string"}},
+        "required": ["word"],
+    },
 }
 
 
 def test_the_count_is_the_prompt_create_sends(client: OpenAI, engine: ScriptedEngine) -> None:
     engine.add_turns({"completion": harmony(("analysis", "hmm"), ("final", "First answer."))})
-    first = client.responses.create(model=MODEL, input="Tell me something.", instructions="Be brief.")
+    first = client.responses.create(
+        model=MODEL, input="Tell me something.", instructions="Be brief."
+    )
     bodies: list[dict[str, Any]] = [
         {"input": "Hello"},
         {"model": MODEL, "input": "Hello", "instructions": "Speak like a pirate.", "tools": [TOOL]},
-        {"model": MODEL, "input": "And more?", "previous_response_id": first.id, "reasoning": {"effort": "high"}},
+        {
+            "model": MODEL,
+            "input": "And more?",
+            "previous_response_id": first.id,
+            "reasoning": {"effort": "high"},
+        },
         {
             "model": MODEL,
             "input": [
@@ -55,9 +66,13 @@ def test_the_count_is_the_prompt_create_sends(client: OpenAI, engine: ScriptedEn
 
 
 def test_a_conversation_is_counted_with_its_history(client: OpenAI, engine: ScriptedEngine) -> None:
-    conversation = client.conversations.create(items=[{"role": "user", "content": "Earlier words " * 20}])
+    conversation = client.conversations.create(
+        items=[{"role": "user", "content": "Earlier words " * 20}]
+    )
     alone = client.responses.input_tokens.count(model=MODEL, input="Now?")
-    counted = client.responses.input_tokens.count(model=MODEL, input="Now?", conversation=conversation.id)
+    counted = client.responses.input_tokens.count(
+        model=MODEL, input="Now?", conversation=conversation.id
+    )
     engine.add_turns({"completion": harmony(("final", "ok"))})
     created = client.responses.create(model=MODEL, input="Now?", conversation=conversation.id)
     assert counted.input_tokens == len(engine.prompts[-1]) == created.usage.input_tokens  # type: ignore[union-attr]
@@ -70,11 +85,15 @@ def test_nothing_is_stored(client: OpenAI) -> None:
     assert counted.input_tokens > 0
     # no response holds its input: the item it named is nowhere to be referenced
     with pytest.raises(openai.BadRequestError) as caught:
-        client.responses.create(model=MODEL, input=[{"type": "item_reference", "id": "msg_counted_only"}])
+        client.responses.create(
+            model=MODEL, input=[{"type": "item_reference", "id": "msg_counted_only"}]
+        )
     assert "No item found" in caught.value.body["message"]  # type: ignore[index]
     stored = client.responses.create(model=MODEL, input=[item], store=True)  # type: ignore[list-item]
     assert stored.status == "completed"  # and once created, it is
-    client.responses.create(model=MODEL, input=[{"type": "item_reference", "id": "msg_counted_only"}])
+    client.responses.create(
+        model=MODEL, input=[{"type": "item_reference", "id": "msg_counted_only"}]
+    )
 
 
 @pytest.mark.parametrize(
@@ -93,7 +112,9 @@ def test_nothing_is_stored(client: OpenAI) -> None:
         ({"input": "x", "model": False}, "model", None),
     ],
 )
-def test_what_create_refuses_it_refuses(client: OpenAI, body: dict[str, Any], param: str, code: str | None) -> None:
+def test_what_create_refuses_it_refuses(
+    client: OpenAI, body: dict[str, Any], param: str, code: str | None
+) -> None:
     with pytest.raises(openai.APIStatusError) as caught:
         client.post("/responses/input_tokens", body=body, cast_to=httpx.Response)
     error: Any = caught.value.body
@@ -105,5 +126,7 @@ def test_what_create_refuses_it_refuses(client: OpenAI, body: dict[str, Any], pa
 
 def test_an_unknown_previous_response_is_404_as_on_create(client: OpenAI) -> None:
     with pytest.raises(openai.NotFoundError) as caught:
-        client.responses.input_tokens.count(model=MODEL, input="x", previous_response_id="resp_missing")
+        client.responses.input_tokens.count(
+            model=MODEL, input="x", previous_response_id="resp_missing"
+        )
     assert caught.value.body["param"] == "previous_response_id"  # type: ignore[index]

@@ -22,7 +22,11 @@ TOOL = {
     "type": "function",
     "name": "get_weather",
     "description": "Weather in a city.",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+    },
 }
 
 
@@ -34,8 +38,12 @@ def _ref(item_id: str) -> dict[str, Any]:
     return {"type": "item_reference", "id": item_id}
 
 
-def test_references_to_earlier_output_and_input_items(client: OpenAI, engine: ScriptedEngine) -> None:
-    engine.add_turns({"completion": harmony(("analysis", "Think BLUE-42."), ("final", "The sky is blue."))})
+def test_references_to_earlier_output_and_input_items(
+    client: OpenAI, engine: ScriptedEngine
+) -> None:
+    engine.add_turns(
+        {"completion": harmony(("analysis", "Think BLUE-42."), ("final", "The sky is blue."))}
+    )
     first = client.responses.create(model=MODEL, input="What colour is the SKY-QUESTION?")
     reasoning, message = first.output
     assert (reasoning.type, message.type) == ("reasoning", "message")
@@ -44,7 +52,12 @@ def test_references_to_earlier_output_and_input_items(client: OpenAI, engine: Sc
     engine.add_turns({"completion": harmony(("final", "Yes."))})
     second = client.responses.create(
         model=MODEL,
-        input=[_ref(user_item.id), _ref(reasoning.id), _ref(message.id), {"role": "user", "content": "Sure?"}],
+        input=[
+            _ref(user_item.id),
+            _ref(reasoning.id),
+            _ref(message.id),
+            {"role": "user", "content": "Sure?"},
+        ],
     )
     assert second.output_text == "Yes."
     prompt = _decode(engine.prompts[-1])
@@ -74,12 +87,16 @@ def test_a_tool_loop_through_references(client: OpenAI, engine: ScriptedEngine) 
         input=[
             {"role": "user", "content": "Weather in Paris?"},
             *[_ref(item.id) for item in first.output],  # type: ignore[misc]
-            {"type": "function_call_output", "call_id": call.call_id, "output": json.dumps({"celsius": 21})},
+            {
+                "type": "function_call_output",
+                "call_id": call.call_id,
+                "output": json.dumps({"celsius": 21}),
+            },
         ],
     )
     assert second.output_text == "Sunny, 21 C."
     prompt = _decode(engine.prompts[-1])
-    assert 'to=functions.get_weather' in prompt and '{"celsius": 21}' in prompt
+    assert "to=functions.get_weather" in prompt and '{"celsius": 21}' in prompt
 
 
 def test_a_store_false_request_may_reference_stored_items_but_is_not_stored_itself(
@@ -99,13 +116,17 @@ def test_a_store_false_request_may_reference_stored_items_but_is_not_stored_itse
 def test_a_missing_reference_is_a_400_naming_it(client: OpenAI) -> None:
     for missing in ("msg_" + "0" * 48, "rs_nothing"):
         with pytest.raises(openai.BadRequestError) as caught:
-            client.responses.create(model=MODEL, input=[{"role": "user", "content": "x"}, _ref(missing)])
+            client.responses.create(
+                model=MODEL, input=[{"role": "user", "content": "x"}, _ref(missing)]
+            )
         error: Any = caught.value.body
         assert error["param"] == "input[1].id"
         assert error["message"] == f"No item found with id '{missing}'"
 
 
-def test_a_reference_to_an_item_a_conversation_holds(client: OpenAI, engine: ScriptedEngine) -> None:
+def test_a_reference_to_an_item_a_conversation_holds(
+    client: OpenAI, engine: ScriptedEngine
+) -> None:
     """An item added through the conversation items API (no response holds it) resolves too;
     once deleted from its conversation (or the conversation deleted) it does not."""
     conversation = client.conversations.create(
@@ -141,9 +162,10 @@ def test_more_references_than_one_statement_can_take_are_a_400_on_postgresql(pg_
     # 503 "the database is unavailable" (and the SDK retries a 503) instead of the answer
     engine = ScriptedEngine(load_encoding(), [MODEL], {"turns": []})
     settings = Settings(engine="scripted", database_url=pg_url, served_model_names=(MODEL,))
-    with serve(settings, engine=engine) as server, OpenAI(
-        base_url=server.base_url + "/v1", api_key="k", max_retries=0, timeout=60
-    ) as client:
+    with (
+        serve(settings, engine=engine) as server,
+        OpenAI(base_url=server.base_url + "/v1", api_key="k", max_retries=0, timeout=60) as client,
+    ):
         engine.add_turns({"completion": harmony(("final", "Noted."))})
         first = client.responses.create(model=MODEL, input="REMEMBER-THIS")
         kept = client.responses.input_items.list(first.id).data[0].id
@@ -151,10 +173,17 @@ def test_more_references_than_one_statement_can_take_are_a_400_on_postgresql(pg_
         with pytest.raises(openai.BadRequestError) as caught:  # (the SDK's own request, without
             # its typed parameters' transform: 20 s of the client's CPU for 40,000 items)
             client.post(
-                "/responses", cast_to=httpx.Response, body={"model": MODEL, "input": [_ref(kept), *missing]}
+                "/responses",
+                cast_to=httpx.Response,
+                body={"model": MODEL, "input": [_ref(kept), *missing]},
             )
         error: Any = caught.value.body
-        assert (error["param"], error["message"]) == ("input[1].id", "No item found with id 'msg_none_0'")
+        assert (error["param"], error["message"]) == (
+            "input[1].id",
+            "No item found with id 'msg_none_0'",
+        )
         engine.add_turns({"completion": harmony(("final", "Still here."))})
-        again = client.responses.create(model=MODEL, input=[_ref(kept), {"role": "user", "content": "ok?"}])
+        again = client.responses.create(
+            model=MODEL, input=[_ref(kept), {"role": "user", "content": "ok?"}]
+        )
         assert again.output_text == "Still here." and "REMEMBER-THIS" in _decode(engine.prompts[-1])

@@ -222,7 +222,9 @@ def test_another_projects_item_is_exactly_a_missing_one(ledger: Ledger) -> None:
             assert ledger.call("POST", path, "alpha", json=body).status_code == 200, path
     beta = OpenAI(base_url=ledger.url + "/v1", api_key=ledger.keys["beta"], max_retries=0)
     with beta, pytest.raises(openai.BadRequestError):
-        beta.responses.input_tokens.count(model=MODEL, input=[{"type": "item_reference", "id": items[1]}])
+        beta.responses.input_tokens.count(
+            model=MODEL, input=[{"type": "item_reference", "id": items[1]}]
+        )
 
 
 def test_the_owner_reaches_every_route(ledger: Ledger) -> None:

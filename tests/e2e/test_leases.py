@@ -179,7 +179,10 @@ def test_a_killed_replicas_response_is_taken_over_by_a_survivor(
         assert record["from_replica"] != record["to_replica"]
     else:
         assert events[-1]["type"] == "response.failed"
-        assert final["error"] == {"code": "server_error", "message": "the server generating it stopped"}
+        assert final["error"] == {
+            "code": "server_error",
+            "message": "the server generating it stopped",
+        }
 
 
 @pytest.mark.postgres
@@ -187,7 +190,9 @@ def test_a_response_the_survivor_cannot_continue_ends_takeover_failed(
     tmp_path: Path, pg_url: str, processes: list[ServerProcess]
 ) -> None:
     a = ServerProcess(tmp_path, "a", pg_url, {"turns": [SLOW]}, env=FAST_LEASES)
-    b = ServerProcess(tmp_path, "b", pg_url, {"turns": [SLOW]}, env=FAST_LEASES, model="another-model")
+    b = ServerProcess(
+        tmp_path, "b", pg_url, {"turns": [SLOW]}, env=FAST_LEASES, model="another-model"
+    )
     processes.extend([a, b])
     rid = _background(a.base_url)
     while _status(a.base_url, rid)["status"] != "in_progress":

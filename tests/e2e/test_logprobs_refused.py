@@ -29,7 +29,9 @@ def test_asking_the_scripted_engine_for_logprobs_is_a_400(client: OpenAI) -> Non
         )
     assert client.responses.retrieve(before).id == before
     with pytest.raises(openai.BadRequestError) as caught:
-        client.responses.create(model=MODEL, input="hi", include=["message.output_text.logprobs"], top_logprobs=21)
+        client.responses.create(
+            model=MODEL, input="hi", include=["message.output_text.logprobs"], top_logprobs=21
+        )
     assert isinstance(caught.value.body, dict) and caught.value.body["param"] == "top_logprobs"
 
 

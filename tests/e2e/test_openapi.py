@@ -65,7 +65,9 @@ def _served(table: Sequence[BaseRoute] = routes, prefix: str = "") -> set[tuple[
         elif not isinstance(route, WebSocketRoute):
             assert isinstance(route, Route), route
             if not route.include_in_schema:
-                assert route.path.startswith("/ui"), f"only the audit page is left out: {route.path}"
+                assert route.path.startswith("/ui"), (
+                    f"only the audit page is left out: {route.path}"
+                )
                 continue
             path = prefix + route.path
             pairs |= {(method, path) for method in route.methods or () if method != "HEAD"}

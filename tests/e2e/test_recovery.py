@@ -49,11 +49,17 @@ def _replay(base_url: str, response_id: str, after: int | None = None) -> list[d
         return sse_events(r.read())
 
 
-def _kill_mid_stream(tmp_path: Path, processes: list[ServerProcess], turn: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
+def _kill_mid_stream(
+    tmp_path: Path, processes: list[ServerProcess], turn: dict[str, Any]
+) -> tuple[str, list[dict[str, Any]]]:
     """Start a server, stream a background response until 3 deltas are stored, SIGKILL it:
     the response's id and its log as it was before the kill."""
     first = ServerProcess(
-        tmp_path, "first", f"sqlite+aiosqlite:///{tmp_path / 'responses.db'}", {"turns": [turn]}, model=MODEL
+        tmp_path,
+        "first",
+        f"sqlite+aiosqlite:///{tmp_path / 'responses.db'}",
+        {"turns": [turn]},
+        model=MODEL,
     )
     processes.append(first)
     resp = httpx.post(
@@ -79,15 +85,19 @@ def _kill_mid_stream(tmp_path: Path, processes: list[ServerProcess], turn: dict[
 def test_a_restarted_server_continues_the_killed_servers_response(
     tmp_path: Path, processes: list[ServerProcess]
 ) -> None:
-    turn = {"completion": harmony(("analysis", REASONING), ("final", WORDS[:600])), "token_delay_ms": 5}
+    turn = {
+        "completion": harmony(("analysis", REASONING), ("final", WORDS[:600])),
+        "token_delay_ms": 5,
+    }
     response_id, before = _kill_mid_stream(tmp_path, processes, turn)
     url = f"sqlite+aiosqlite:///{tmp_path / 'responses.db'}"
     settings = Settings(engine="scripted", database_url=url, served_model_names=(MODEL,))
     engine = ScriptedEngine(load_encoding(), [MODEL], {"turns": [turn]})
     # the client closed with the server: a pooled socket left to the GC warns in a later test
-    with serve(settings, engine=engine) as second, OpenAI(
-        base_url=second.base_url + "/v1", api_key="k", max_retries=0, timeout=30
-    ) as client:
+    with (
+        serve(settings, engine=engine) as second,
+        OpenAI(base_url=second.base_url + "/v1", api_key="k", max_retries=0, timeout=30) as client,
+    ):
         # a follower from the middle of the log gets the continuation, each event once
         middle = before[-1]["seq"]
         tail = list(client.responses.retrieve(response_id, stream=True, starting_after=middle))
@@ -98,13 +108,17 @@ def test_a_restarted_server_continues_the_killed_servers_response(
         reasoning, message = response.output
         assert reasoning.content is not None and reasoning.content[0].text == REASONING
         assert message.type == "message" and message.status == "completed"
-        assert response.output_text == WORDS[:600]  # the same completion, resumed at the right token
+        assert (
+            response.output_text == WORDS[:600]
+        )  # the same completion, resumed at the right token
         log = _events(second.base_url, response_id)
         assert log[: len(before)] == before
         assert [e["seq"] for e in log] == list(range(len(log)))
         full = _replay(second.base_url, response_id)
         assert check_stream(full)["status"] == "completed"
-        audit = httpx.get(f"{second.base_url}/v1/responses/{response_id}/events", timeout=30).json()["audit"]
+        audit = httpx.get(
+            f"{second.base_url}/v1/responses/{response_id}/events", timeout=30
+        ).json()["audit"]
         takeover = [a["detail"] for a in audit if a["kind"] == "takeover"]
         assert len(takeover) == 1 and takeover[0]["at_seq"] >= len(before)
         assert takeover[0]["reason"] == "the server restarted"
@@ -123,14 +137,17 @@ def test_killed_server_closes_the_response_at_restart(
 
     # Start again on the same database: here in-thread (``serve``), the way the e2e fixture runs.
     url = f"sqlite+aiosqlite:///{db}"
-    settings = Settings(engine="scripted", database_url=url, served_model_names=(MODEL,), takeover="fail")
+    settings = Settings(
+        engine="scripted", database_url=url, served_model_names=(MODEL,), takeover="fail"
+    )
     engine = ScriptedEngine(
         load_encoding(), [MODEL], {"turns": [{"completion": harmony(("final", "Back again."))}]}
     )
     # the client closed with the server: a pooled socket left to the GC warns in a later test
-    with serve(settings, engine=engine) as second, OpenAI(
-        base_url=second.base_url + "/v1", api_key="k", max_retries=0, timeout=30
-    ) as client:
+    with (
+        serve(settings, engine=engine) as second,
+        OpenAI(base_url=second.base_url + "/v1", api_key="k", max_retries=0, timeout=30) as client,
+    ):
         response = client.responses.retrieve(response_id)
         assert response.status == "failed"
         assert response.error is not None

@@ -45,7 +45,9 @@ pytestmark = [
     # SIGKILL cut to the garbage collector, which warns in whichever test runs then (seen once
     # in a clean-clone CI run); the server's own sockets are not involved
     pytest.mark.filterwarnings("ignore:unclosed <socket.socket:ResourceWarning"),
-    pytest.mark.filterwarnings("ignore:Exception ignored in. <socket.socket:pytest.PytestUnraisableExceptionWarning"),
+    pytest.mark.filterwarnings(
+        "ignore:Exception ignored in. <socket.socket:pytest.PytestUnraisableExceptionWarning"
+    ),
 ]
 
 WORDS = 120
@@ -210,7 +212,10 @@ def test_a_killed_replicas_background_responses_complete(cluster: Cluster) -> No
         items = httpx.get(
             f"{cluster.url}/v1/conversations/{conversation}/items?order=asc", timeout=10
         ).json()["data"]
-        assert [(i["type"], i["role"]) for i in items] == [("message", "user"), ("message", "assistant")]
+        assert [(i["type"], i["role"]) for i in items] == [
+            ("message", "user"),
+            ("message", "assistant"),
+        ]
         assert items[1]["content"][0]["text"] == TEXT
 
 

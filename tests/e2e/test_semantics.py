@@ -525,7 +525,9 @@ def test_required_with_a_tool_returns_the_call(
     client: OpenAI, engine: ScriptedEngine, stream: bool
 ) -> None:
     # the prompt ends with "<|channel|>commentary to=functions.": the model names the tool
-    engine.add_turns({"completion": 'get_weather <|constrain|>json<|message|>{"city": "Paris"}<|call|>'})
+    engine.add_turns(
+        {"completion": 'get_weather <|constrain|>json<|message|>{"city": "Paris"}<|call|>'}
+    )
     response = create(
         client, stream, model=MODEL, input="Weather?", tools=[WEATHER_TOOL], tool_choice="required"
     )
@@ -536,7 +538,9 @@ def test_required_with_a_tool_returns_the_call(
 
 
 def test_required_constrains_the_model_to_a_call(client: OpenAI, engine: ScriptedEngine) -> None:
-    engine.add_turns({"completion": 'get_weather <|constrain|>json<|message|>{"city": "Oslo"}<|call|>'})
+    engine.add_turns(
+        {"completion": 'get_weather <|constrain|>json<|message|>{"city": "Oslo"}<|call|>'}
+    )
     response = client.responses.create(
         model=MODEL, input="Weather?", tools=[WEATHER_TOOL], tool_choice="required"
     )
@@ -545,9 +549,13 @@ def test_required_constrains_the_model_to_a_call(client: OpenAI, engine: Scripte
     assert [o.type for o in response.output] == ["function_call"]
 
 
-def test_required_does_not_accept_an_answer_without_a_call(client: OpenAI, engine: ScriptedEngine) -> None:
+def test_required_does_not_accept_an_answer_without_a_call(
+    client: OpenAI, engine: ScriptedEngine
+) -> None:
     # a model that ignores the forced header: its words are kept, the response does not succeed
-    engine.add_turns({"completion": "<|channel|>final<|message|>I answer without calling anything.<|return|>"})
+    engine.add_turns(
+        {"completion": "<|channel|>final<|message|>I answer without calling anything.<|return|>"}
+    )
     response = client.responses.create(
         model=MODEL, input="Weather?", tools=[WEATHER_TOOL], tool_choice="required"
     )

@@ -22,7 +22,13 @@ COMPLETION = (
 def test_special_tokens_in_malformed_output_never_reach_the_client(
     ledger: RunningServer, client: OpenAI, engine: ScriptedEngine
 ) -> None:
-    tools: list = [{"type": "function", "name": "get_weather", "parameters": {"type": "object", "properties": {}}}]
+    tools: list = [
+        {
+            "type": "function",
+            "name": "get_weather",
+            "parameters": {"type": "object", "properties": {}},
+        }
+    ]
     engine.add_turns({"completion": COMPLETION})
     with client.responses.stream(model=MODEL, input="weather?", tools=tools) as stream:
         events = list(stream)

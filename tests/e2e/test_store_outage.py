@@ -168,7 +168,9 @@ async def test_a_run_that_dies_of_a_panic_is_closed_and_its_stream_ends_with_an_
 
     monkeypatch.setattr(HarmonyDecoder, "feed", panic)
     async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as client:
-        answer = await client.post("/v1/responses", json={"model": MODEL, "input": "x", "stream": True})
+        answer = await client.post(
+            "/v1/responses", json={"model": MODEL, "input": "x", "stream": True}
+        )
         frames = _frames(answer.text)
         assert frames, (answer.status_code, answer.text)
         assert frames[-1][0] == "error" and frames[-1][1]["code"] == "server_error"
@@ -205,16 +207,21 @@ def test_a_slow_resumer_catches_up_from_the_log_instead_of_piling_up(
         send_buffer_bytes=4096,
     )
     with serve(settings, engine=engine) as server:
-        made = httpx.post(server.base_url + "/v1/responses",
-                          json={"model": MODEL, "input": "go", "background": True}, timeout=30)
+        made = httpx.post(
+            server.base_url + "/v1/responses",
+            json={"model": MODEL, "input": "go", "background": True},
+            timeout=30,
+        )
         response_id = made.json()["id"]
         sock = socket.socket()
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         sock.settimeout(30)
         sock.connect(("127.0.0.1", int(server.base_url.rsplit(":", 1)[1])))
         with sock:
-            sock.sendall(f"GET /v1/responses/{response_id}?stream=true&starting_after=0 HTTP/1.1\r\n"
-                         "Host: 127.0.0.1\r\n\r\n".encode())
+            sock.sendall(
+                f"GET /v1/responses/{response_id}?stream=true&starting_after=0 HTTP/1.1\r\n"
+                "Host: 127.0.0.1\r\n\r\n".encode()
+            )
             raw = b""
             while not raw.endswith(b"\r\n0\r\n\r\n"):  # to the end of the chunked body
                 time.sleep(0.02)  # slower than the engine: ~2,000 bytes a read
@@ -232,4 +239,6 @@ def test_a_slow_resumer_catches_up_from_the_log_instead_of_piling_up(
         chunked = rest[size + 2 :]
     seqs = [e["sequence_number"] for e in sse_events(body) if "sequence_number" in e]
     assert seqs == list(range(1, len(seqs) + 1))
-    assert len([limit for limit in subscribed if limit == 4096]) >= 2  # it fell behind and caught up
+    assert (
+        len([limit for limit in subscribed if limit == 4096]) >= 2
+    )  # it fell behind and caught up

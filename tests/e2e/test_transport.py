@@ -72,15 +72,24 @@ def engine() -> ScriptedEngine:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory, impl: str, engine: ScriptedEngine) -> Iterator[RunningServer]:
+def server(
+    tmp_path_factory: pytest.TempPathFactory, impl: str, engine: ScriptedEngine
+) -> Iterator[RunningServer]:
     with serve(_settings(tmp_path_factory.mktemp("transport"), impl), engine=engine) as running:
         yield running
 
 
 @pytest.fixture(scope="module")
-def capped(tmp_path_factory: pytest.TempPathFactory, impl: str, engine: ScriptedEngine) -> Iterator[RunningServer]:
+def capped(
+    tmp_path_factory: pytest.TempPathFactory, impl: str, engine: ScriptedEngine
+) -> Iterator[RunningServer]:
     """The cap's own server: heads may take long here, so only the cap closes them."""
-    settings = _settings(tmp_path_factory.mktemp("capped"), impl, http_max_connections=CAP, http_header_timeout_s=60.0)
+    settings = _settings(
+        tmp_path_factory.mktemp("capped"),
+        impl,
+        http_max_connections=CAP,
+        http_header_timeout_s=60.0,
+    )
     with serve(settings, engine=engine) as running:
         yield running
 
@@ -137,7 +146,9 @@ def _response(raw: bytes) -> tuple[int, dict[str, str], bytes]:
     head, _, body = raw.partition(b"\r\n\r\n")
     lines = head.decode("latin-1").split("\r\n")
     status = int(lines[0].split()[1])
-    headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+    headers = {
+        k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])
+    }
     return status, headers, body
 
 
@@ -257,18 +268,26 @@ def test_a_paced_live_stream_is_written_from_its_commits_byte_for_byte(
     assert "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta") == words
     assert _stats(server).written_direct == direct + 1
     response_id = events[0]["response"]["id"]
-    replay = httpx.get(f"{server.base_url}/v1/responses/{response_id}", params={"stream": "true"}, timeout=30)
+    replay = httpx.get(
+        f"{server.base_url}/v1/responses/{response_id}", params={"stream": "true"}, timeout=30
+    )
     assert replay.content == live
 
 
-def test_stalled_replay_is_closed_after_the_stall_time(server: RunningServer, engine: ScriptedEngine) -> None:
+def test_stalled_replay_is_closed_after_the_stall_time(
+    server: RunningServer, engine: ScriptedEngine
+) -> None:
     engine.add_turns(BIG)
-    done = httpx.post(f"{server.base_url}/v1/responses", json={"model": MODEL, "input": "go"}, timeout=120)
+    done = httpx.post(
+        f"{server.base_url}/v1/responses", json={"model": MODEL, "input": "go"}, timeout=120
+    )
     assert done.status_code == 200 and done.json()["status"] == "completed"
     cuts = _stats(server).cut_stalled
     sock = _connect(server, rcvbuf=4096)
     with sock:
-        sock.sendall(f"GET /v1/responses/{done.json()['id']}?stream=true HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
+        sock.sendall(
+            f"GET /v1/responses/{done.json()['id']}?stream=true HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode()
+        )
         first = sock.recv(4096)
         assert first.startswith(b"HTTP/1.1 200")
         time.sleep(STALL_S + 2)  # not reading: a replay waits for its client, up to STALL_S
@@ -344,7 +363,9 @@ def test_connection_cap_full_of_slow_heads_still_serves_a_request(capped: Runnin
         resp = httpx.get(capped.base_url + "/health", timeout=10, headers={"Connection": "close"})
         assert resp.status_code == 200
         assert _read_rest(slow[0], timeout=3) == (b"", "eof")  # it made room
-        for sock in slow[2:]:  # the rest are still open (the second may have made room for httpx's close)
+        for sock in slow[
+            2:
+        ]:  # the rest are still open (the second may have made room for httpx's close)
             sock.setblocking(False)
             with pytest.raises(BlockingIOError):
                 sock.recv(1)
@@ -365,7 +386,9 @@ def test_connection_cap_makes_room_with_an_answered_connection_first(capped: Run
                 sock = _connect(capped)
                 slow.append(sock)
                 sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n")
-            resp = httpx.get(capped.base_url + "/health", timeout=10, headers={"Connection": "close"})
+            resp = httpx.get(
+                capped.base_url + "/health", timeout=10, headers={"Connection": "close"}
+            )
             assert resp.status_code == 200
             for sock in slow:  # the answered connection made room, not the longest-waiting head
                 sock.setblocking(False)
@@ -380,7 +403,9 @@ def test_connection_cap_full_of_requests_refuses_a_new_connection(
     capped: RunningServer, engine: ScriptedEngine
 ) -> None:
     refused = _stats(capped).refused
-    engine.add_turns(*[{"completion": harmony(("final", "slow " * 60)), "token_delay_ms": 50}] * CAP)
+    engine.add_turns(
+        *[{"completion": harmony(("final", "slow " * 60)), "token_delay_ms": 50}] * CAP
+    )
     busy = []
     try:
         for _ in range(CAP):  # every connection streams a response of ~3 s

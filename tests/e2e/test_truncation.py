@@ -22,7 +22,9 @@ ENCODING = load_encoding()
 
 
 @pytest.fixture
-def small_context(engine: ScriptedEngine, monkeypatch: pytest.MonkeyPatch) -> Iterator[ScriptedEngine]:
+def small_context(
+    engine: ScriptedEngine, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[ScriptedEngine]:
     monkeypatch.setattr(engine, "max_model_len", LIMIT, raising=False)
     yield engine
 
@@ -103,11 +105,18 @@ def test_a_tool_call_and_its_output_are_dropped_together(
     big = " ".join(f"r{i}" for i in range(300))
     items: list[Any] = [
         {"role": "user", "content": "What is the weather in Paris?"},
-        {"type": "function_call", "call_id": "call_w1", "name": "weather", "arguments": '{"city":"Paris"}'},
+        {
+            "type": "function_call",
+            "call_id": "call_w1",
+            "name": "weather",
+            "arguments": '{"city":"Paris"}',
+        },
         {"type": "function_call_output", "call_id": "call_w1", "output": big},
         {"role": "user", "content": "And now just say hello."},
     ]
-    tools: Any = [{"type": "function", "name": "weather", "parameters": {"type": "object", "properties": {}}}]
+    tools: Any = [
+        {"type": "function", "name": "weather", "parameters": {"type": "object", "properties": {}}}
+    ]
     with pytest.raises(openai.BadRequestError):
         client.responses.create(model=MODEL, input=items, tools=tools, max_output_tokens=MAX_OUT)
     response = client.responses.create(
@@ -125,7 +134,8 @@ def test_auto_still_refuses_when_the_last_item_alone_does_not_fit(
     huge = " ".join(f"h{i}" for i in range(800))
     with pytest.raises(openai.BadRequestError) as caught:
         client.responses.create(
-            model=MODEL, input=[{"role": "user", "content": "old"}, {"role": "user", "content": huge}],
+            model=MODEL,
+            input=[{"role": "user", "content": "old"}, {"role": "user", "content": huge}],
             truncation="auto",
         )
     body: Any = caught.value.body

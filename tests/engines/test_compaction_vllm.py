@@ -33,9 +33,13 @@ BIAS = 9.0
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def base_url(vllm_engine: VllmEngine, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[str]:
+async def base_url(
+    vllm_engine: VllmEngine, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[str]:
     db: Path = tmp_path_factory.mktemp("compaction") / "responses.db"
-    settings = Settings(engine="vllm", database_url=f"sqlite+aiosqlite:///{db}", served_model_names=(MODEL,))
+    settings = Settings(
+        engine="vllm", database_url=f"sqlite+aiosqlite:///{db}", served_model_names=(MODEL,)
+    )
     assert vllm_engine.constrains, "the tiny model directory has the o200k_harmony tokenizer"
     saved = dict(vllm_engine.logit_bias)
     vllm_engine.logit_bias.update({END: BIAS, RETURN: BIAS})
@@ -58,9 +62,10 @@ async def test_the_summary_is_the_engines_and_the_next_turn_holds_it(base_url: s
         {"role": "user", "content": "The build fails on module alpha."},
         {"role": "assistant", "content": "I will look at alpha's imports."},
     ]
-    async with AsyncOpenAI(base_url=base_url + "/v1", api_key="x", max_retries=0, timeout=300) as client, httpx.AsyncClient(
-        timeout=300
-    ) as http:
+    async with (
+        AsyncOpenAI(base_url=base_url + "/v1", api_key="x", max_retries=0, timeout=300) as client,
+        httpx.AsyncClient(timeout=300) as http,
+    ):
         compacted = await client.responses.compact(model=MODEL, input=history)
         assert [o.type for o in compacted.output] == ["message", "compaction"]
         assert compacted.usage.output_tokens >= 1
@@ -85,6 +90,8 @@ async def test_the_summary_is_the_engines_and_the_next_turn_holds_it(base_url: s
             input=[triggered.output[0].to_dict(), {"role": "user", "content": "Go on."}],
             max_output_tokens=4,
         )
-        prompt = encoding.decode((await _audit(http, base_url, follow.id))["prompt_token_ids"]["token_ids"])
+        prompt = encoding.decode(
+            (await _audit(http, base_url, follow.id))["prompt_token_ids"]["token_ids"]
+        )
         assert SUMMARY_HEADER + summary in prompt  # what the engine wrote, decrypted and rendered
         assert "alpha's imports" not in prompt

@@ -186,7 +186,10 @@ async def test_scripted_continuation_keeps_the_turns_pacing_and_error() -> None:
     # Its error ends it wherever it is cut, even after its last token.
     for n in (6, len(beta)):
         continued, last = await run(engine, PROMPT, beta[:n], request_id=f"e{n}")
-        assert beta[:n] + continued == beta and (last.finish_reason, last.error) == ("error", "boom")
+        assert beta[:n] + continued == beta and (last.finish_reason, last.error) == (
+            "error",
+            "boom",
+        )
 
 
 async def test_an_exhausted_continuation_ends_with_stop() -> None:

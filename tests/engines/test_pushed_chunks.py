@@ -20,7 +20,9 @@ COMPLETION = "<|channel|>final<|message|>one two three four five six<|return|>"
 
 def _engine(turns: int = 1, **turn: object) -> ScriptedEngine:
     """An engine that plays ``turns`` such turns (one a generation), then echoes."""
-    return ScriptedEngine(ENC, ["m"], {"turns": [{"completion": COMPLETION, "token_delay_ms": 1, **turn}] * turns})
+    return ScriptedEngine(
+        ENC, ["m"], {"turns": [{"completion": COMPLETION, "token_delay_ms": 1, **turn}] * turns}
+    )
 
 
 async def _read(engine: ScriptedEngine, sampling: Sampling, request_id: str) -> list[EngineChunk]:
@@ -44,12 +46,17 @@ async def _pushed(engine: ScriptedEngine, sampling: Sampling, request_id: str) -
     [
         ({}, Sampling(stop_token_ids=STOPS)),  # ends on its stop token
         ({}, Sampling(max_tokens=4, stop_token_ids=STOPS)),  # cut: length
-        ({"completion": "<|channel|>final<|message|>a b", "error": "boom"}, Sampling(stop_token_ids=STOPS)),
+        (
+            {"completion": "<|channel|>final<|message|>a b", "error": "boom"},
+            Sampling(stop_token_ids=STOPS),
+        ),
         ({"completion": "<|channel|>final<|message|>no stop"}, Sampling(stop_token_ids=STOPS)),
         ({}, Sampling(max_tokens=0, stop_token_ids=STOPS)),  # ends before its first step
     ],
 )
-async def test_pushed_chunks_are_the_chunks_read(turn: dict[str, object], sampling: Sampling) -> None:
+async def test_pushed_chunks_are_the_chunks_read(
+    turn: dict[str, object], sampling: Sampling
+) -> None:
     read = await _read(_engine(**turn), sampling, "r1")
     pushed = await _pushed(_engine(**turn), sampling, "r2")
     assert pushed == read and read[-1].finish_reason is not None

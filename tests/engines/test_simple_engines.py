@@ -18,7 +18,9 @@ STOPS = (200002, 200012)
 COMPLETION = "<|channel|>final<|message|>one two three four<|return|>"
 
 
-async def _collect(engine: EchoEngine, sampling: Sampling, request_id: str = "r1") -> list[EngineChunk]:
+async def _collect(
+    engine: EchoEngine, sampling: Sampling, request_id: str = "r1"
+) -> list[EngineChunk]:
     return [chunk async for chunk in engine.generate([200006], sampling, request_id)]
 
 
@@ -37,13 +39,17 @@ async def test_max_tokens_ends_with_length() -> None:
 
 
 async def test_an_error_turn_ends_with_error() -> None:
-    engine = ScriptedEngine(ENC, ["m"], {"turns": [{"completion": "<|channel|>final<|message|>x", "error": "boom"}]})
+    engine = ScriptedEngine(
+        ENC, ["m"], {"turns": [{"completion": "<|channel|>final<|message|>x", "error": "boom"}]}
+    )
     chunks = await _collect(engine, Sampling(stop_token_ids=STOPS))
     assert (chunks[-1].finish_reason, chunks[-1].error) == ("error", "boom")
 
 
 async def test_abort_ends_the_stream() -> None:
-    engine = ScriptedEngine(ENC, ["m"], {"turns": [{"completion": COMPLETION, "token_delay_ms": 20}]})
+    engine = ScriptedEngine(
+        ENC, ["m"], {"turns": [{"completion": COMPLETION, "token_delay_ms": 20}]}
+    )
     seen: list[EngineChunk] = []
 
     async def consume() -> None:
@@ -59,7 +65,9 @@ async def test_abort_ends_the_stream() -> None:
 
 async def test_turns_run_out_into_echo_and_cycle_repeats() -> None:
     engine = ScriptedEngine(ENC, ["m"], {"turns": [{"completion": COMPLETION}]})
-    prompt = ENC.encode("<|start|>user<|message|>hello<|end|><|start|>assistant", allowed_special="all")
+    prompt = ENC.encode(
+        "<|start|>user<|message|>hello<|end|><|start|>assistant", allowed_special="all"
+    )
     await _collect(engine, Sampling(stop_token_ids=STOPS))
     chunks = [c async for c in engine.generate(prompt, Sampling(stop_token_ids=STOPS), "r2")]
     assert "hello<|return|>" in ENC.decode_utf8([t for c in chunks for t in c.token_ids])
@@ -149,7 +157,9 @@ async def test_paced_steps_keep_their_grid_when_the_event_loop_comes_late() -> N
 
 async def test_the_scripted_engine_keeps_only_the_latest_prompts() -> None:
     """A long-running scripted server must not grow by one prompt per request (issue 14)."""
-    engine = ScriptedEngine(load_encoding(), ["m"], {"turns": [{"completion": "<|return|>"}], "cycle": True})
+    engine = ScriptedEngine(
+        load_encoding(), ["m"], {"turns": [{"completion": "<|return|>"}], "cycle": True}
+    )
     for n in range(PROMPTS_KEPT + 10):
         async for _ in engine.generate([n], Sampling(stop_token_ids=STOPS), f"r{n}"):
             pass

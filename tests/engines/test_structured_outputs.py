@@ -59,7 +59,10 @@ FORECAST = {
         },
         "source": {
             "type": "object",
-            "properties": {"name": {"enum": ["met", "noaa"]}, "confidence": {"type": "integer", "minimum": 0, "maximum": 100}},
+            "properties": {
+                "name": {"enum": ["met", "noaa"]},
+                "confidence": {"type": "integer", "minimum": 0, "maximum": 100},
+            },
             "required": ["name", "confidence"],
             "additionalProperties": False,
         },
@@ -89,9 +92,13 @@ SQL_REGEX = r"^SELECT (id|name) FROM (users|orders)( LIMIT [1-9][0-9]?)?$"
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def base_url(vllm_engine: VllmEngine, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[str]:
+async def base_url(
+    vllm_engine: VllmEngine, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[str]:
     db: Path = tmp_path_factory.mktemp("structured") / "responses.db"
-    settings = Settings(engine="vllm", database_url=f"sqlite+aiosqlite:///{db}", served_model_names=(MODEL,))
+    settings = Settings(
+        engine="vllm", database_url=f"sqlite+aiosqlite:///{db}", served_model_names=(MODEL,)
+    )
     assert vllm_engine.constrains, "the tiny model directory has the o200k_harmony tokenizer"
     saved = dict(vllm_engine.logit_bias)
     vllm_engine.logit_bias[END] = END_BIAS
@@ -113,7 +120,9 @@ async def _many(make: Any, runs: int = RUNS) -> list[Any]:
     """``runs`` requests, 10 at a time (the CPU engine batches them)."""
     results: list[Any] = []
     for start in range(0, runs, 10):
-        results.extend(await asyncio.gather(*(make(i) for i in range(start, min(start + 10, runs)))))
+        results.extend(
+            await asyncio.gather(*(make(i) for i in range(start, min(start + 10, runs))))
+        )
     return results
 
 
@@ -134,13 +143,21 @@ async def test_50_final_outputs_validate_against_a_nested_schema_and_reasoning_s
 
     async def one(i: int) -> Any:
         return await client.responses.create(
-            model=MODEL, input=f"Forecast {i}", text={"format": fmt}, max_output_tokens=400, temperature=1.0
+            model=MODEL,
+            input=f"Forecast {i}",
+            text={"format": fmt},
+            max_output_tokens=400,
+            temperature=1.0,
         )
 
     responses = await _many(one)
     valid, reasoning = 0, []
     for response in responses:
-        assert response.status == "completed", (response.status, response.incomplete_details, response.output)
+        assert response.status == "completed", (
+            response.status,
+            response.incomplete_details,
+            response.output,
+        )
         [text] = _texts(response, "message")
         jsonschema.validate(json.loads(text), FORECAST)
         valid += 1
@@ -162,14 +179,30 @@ def _is_json(text: str) -> bool:
 
 async def test_50_strict_function_calls_validate(client: AsyncOpenAI) -> None:
     tools: list[Any] = [
-        {"type": "function", "name": "book_room", "description": "Book.", "parameters": BOOKING, "strict": True},
-        {"type": "function", "name": "get_forecast", "description": "Weather.", "parameters": FORECAST, "strict": True},
+        {
+            "type": "function",
+            "name": "book_room",
+            "description": "Book.",
+            "parameters": BOOKING,
+            "strict": True,
+        },
+        {
+            "type": "function",
+            "name": "get_forecast",
+            "description": "Weather.",
+            "parameters": FORECAST,
+            "strict": True,
+        },
     ]
     schemas = {"book_room": BOOKING, "get_forecast": FORECAST}
 
     async def one(i: int) -> Any:
         return await client.responses.create(
-            model=MODEL, input=f"Do it {i}", tools=tools, tool_choice="required", max_output_tokens=400
+            model=MODEL,
+            input=f"Do it {i}",
+            tools=tools,
+            tool_choice="required",
+            max_output_tokens=400,
         )
 
     names = set()
@@ -213,24 +246,52 @@ async def test_50_grammar_payloads_parse_with_the_grammar(client: AsyncOpenAI, s
     assert len(payloads) == RUNS and len(set(payloads)) > 5  # sampled, not one fixed string
 
 
-async def test_a_grammar_that_does_not_compile_is_a_400_naming_the_tool(client: AsyncOpenAI, base_url: str) -> None:
-    bad: Any = {"type": "custom", "name": "broken", "format": {"type": "grammar", "syntax": "lark", "definition": 'start: "a" ('}}
-    ok: Any = {"type": "function", "name": "f", "parameters": {"type": "object", "properties": {}}, "strict": False}
+async def test_a_grammar_that_does_not_compile_is_a_400_naming_the_tool(
+    client: AsyncOpenAI, base_url: str
+) -> None:
+    bad: Any = {
+        "type": "custom",
+        "name": "broken",
+        "format": {"type": "grammar", "syntax": "lark", "definition": 'start: "a" ('},
+    }
+    ok: Any = {
+        "type": "function",
+        "name": "f",
+        "parameters": {"type": "object", "properties": {}},
+        "strict": False,
+    }
     async with httpx.AsyncClient(timeout=60) as http:
-        reply = await http.post(f"{base_url}/v1/responses", json={"model": MODEL, "input": "x", "tools": [ok, bad]})
+        reply = await http.post(
+            f"{base_url}/v1/responses", json={"model": MODEL, "input": "x", "tools": [ok, bad]}
+        )
         assert reply.status_code == 400, reply.text
         error = reply.json()["error"]
-        assert error["param"] == "tools[1].format.definition" and "cannot be enforced" in error["message"]
+        assert (
+            error["param"] == "tools[1].format.definition"
+            and "cannot be enforced" in error["message"]
+        )
         schema = {"type": "object", "properties": {"a": {"type": "no-such-type"}}}
         reply = await http.post(
             f"{base_url}/v1/responses",
-            json={"model": MODEL, "input": "x", "text": {"format": {"type": "json_schema", "name": "s", "schema": schema}}},
+            json={
+                "model": MODEL,
+                "input": "x",
+                "text": {"format": {"type": "json_schema", "name": "s", "schema": schema}},
+            },
         )
         assert reply.status_code == 400, reply.text
         assert reply.json()["error"]["param"] == "text.format.schema"
-        ebnf: Any = {"type": "custom", "name": "e", "format": {"type": "grammar", "syntax": "ebnf", "definition": "a ::= 'x'"}}
-        reply = await http.post(f"{base_url}/v1/responses", json={"model": MODEL, "input": "x", "tools": [ebnf]})
-        assert reply.status_code == 400 and reply.json()["error"]["param"] == "tools[0].format.syntax", reply.text
+        ebnf: Any = {
+            "type": "custom",
+            "name": "e",
+            "format": {"type": "grammar", "syntax": "ebnf", "definition": "a ::= 'x'"},
+        }
+        reply = await http.post(
+            f"{base_url}/v1/responses", json={"model": MODEL, "input": "x", "tools": [ebnf]}
+        )
+        assert (
+            reply.status_code == 400 and reply.json()["error"]["param"] == "tools[0].format.syntax"
+        ), reply.text
 
 
 class Day(BaseModel):
@@ -266,4 +327,3 @@ async def test_agents_sdk_output_type(client: AsyncOpenAI) -> None:
     for i in range(3):
         result = await Runner.run(agent, f"Forecast {i}")
         assert isinstance(result.final_output, Forecast)
-

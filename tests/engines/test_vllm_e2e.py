@@ -32,9 +32,13 @@ MODEL = "gpt-oss-tiny"
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def base_url(vllm_engine: VllmEngine, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[str]:
+async def base_url(
+    vllm_engine: VllmEngine, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[str]:
     db: Path = tmp_path_factory.mktemp("vllm-ledger") / "responses.db"
-    settings = Settings(engine="vllm", database_url=f"sqlite+aiosqlite:///{db}", served_model_names=(MODEL,))
+    settings = Settings(
+        engine="vllm", database_url=f"sqlite+aiosqlite:///{db}", served_model_names=(MODEL,)
+    )
     async with serve_in_loop(create_app(settings, engine=vllm_engine)) as url:
         yield url
 
@@ -75,7 +79,10 @@ async def test_non_streamed_response_from_vllm(client: AsyncOpenAI, base_url: st
 
 async def test_penalties_are_taken_and_echoed_by_the_vllm_server(client: AsyncOpenAI) -> None:
     plain = await client.responses.create(model=MODEL, input="Say hi.", max_output_tokens=4)
-    assert (plain.model_dump()["presence_penalty"], plain.model_dump()["frequency_penalty"]) == (0, 0)
+    assert (plain.model_dump()["presence_penalty"], plain.model_dump()["frequency_penalty"]) == (
+        0,
+        0,
+    )
     response = await client.responses.create(
         model=MODEL,
         input="Say hi.",
@@ -89,9 +96,10 @@ async def test_penalties_are_taken_and_echoed_by_the_vllm_server(client: AsyncOp
 
 async def test_streamed_response_from_vllm(client: AsyncOpenAI, base_url: str) -> None:
     body = {"model": MODEL, "input": "Count to three.", "max_output_tokens": 12, "stream": True}
-    async with httpx.AsyncClient(timeout=120) as http, http.stream(
-        "POST", base_url + "/v1/responses", json=body
-    ) as r:
+    async with (
+        httpx.AsyncClient(timeout=120) as http,
+        http.stream("POST", base_url + "/v1/responses", json=body) as r,
+    ):
         assert r.status_code == 200
         events = sse_events(await r.aread())
     final = check_stream(events)

@@ -297,7 +297,9 @@ async def test_penalties_reach_vllm_and_change_what_it_samples(vllm_engine: Vllm
         "frequency": {"frequency_penalty": 2.0},
     }.items():
         sampling = Sampling(max_tokens=24, temperature=0.0, logit_bias=NO_STOP, **penalties)
-        chunks = await collect(vllm_engine.generate(prompt(12), sampling, request_id(f"penalty-{name}")))
+        chunks = await collect(
+            vllm_engine.generate(prompt(12), sampling, request_id(f"penalty-{name}"))
+        )
         runs[name] = tokens(chunks)
     # greedy decoding on the random weights repeats tokens; a penalty on them changes the pick
     assert len(set(runs["none"])) < len(runs["none"])
@@ -464,7 +466,9 @@ async def test_dead_engine_core_ends_streams_with_error(vllm_scratch: Path) -> N
     # no Prometheus logger: vLLM's would replace the shared engine's vllm:* metrics in the
     # process's one registry (tests/engines/test_vllm_metrics.py reads them after this test)
     engine = VllmEngine(
-        tiny_engine_config(vllm_scratch / "doomed", served_model_names=("doomed",), prometheus=False)
+        tiny_engine_config(
+            vllm_scratch / "doomed", served_model_names=("doomed",), prometheus=False
+        )
     )
     await engine.start()
     try:

@@ -97,9 +97,13 @@ class FinalChannel:
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def base_url(vllm_engine: VllmEngine, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[str]:
+async def base_url(
+    vllm_engine: VllmEngine, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[str]:
     db: Path = tmp_path_factory.mktemp("vllm-logprobs") / "responses.db"
-    settings = Settings(engine="vllm", database_url=f"sqlite+aiosqlite:///{db}", served_model_names=(MODEL,))
+    settings = Settings(
+        engine="vllm", database_url=f"sqlite+aiosqlite:///{db}", served_model_names=(MODEL,)
+    )
     app = create_app(settings, engine=FinalChannel(vllm_engine))  # type: ignore[arg-type]
     async with serve_in_loop(app) as url:
         yield url
@@ -130,10 +134,16 @@ def _check_entries(entries: Sequence[Any], k: int) -> None:
             assert entry.logprob <= values[-1] + 1e-6  # outside the top-k: no likelier than them
 
 
-async def test_streamed_logprobs_on_deltas_done_and_parts(client: AsyncOpenAI, base_url: str) -> None:
+async def test_streamed_logprobs_on_deltas_done_and_parts(
+    client: AsyncOpenAI, base_url: str
+) -> None:
     k = 5
     stream = await client.responses.create(
-        model=MODEL, input="Say something.", max_output_tokens=24, include=INCLUDE, top_logprobs=k,
+        model=MODEL,
+        input="Say something.",
+        max_output_tokens=24,
+        include=INCLUDE,
+        top_logprobs=k,
         stream=True,
     )
     events = [event async for event in stream]
@@ -151,7 +161,9 @@ async def test_streamed_logprobs_on_deltas_done_and_parts(client: AsyncOpenAI, b
     assert b"".join(bytes(e.bytes) for e in every) == text.encode()
     (part_done,) = [e for e in events if e.type == "response.content_part.done"]
     assert part_done.part.type == "output_text"
-    assert [e.model_dump() for e in part_done.part.logprobs or []] == [e.model_dump() for e in every]
+    assert [e.model_dump() for e in part_done.part.logprobs or []] == [
+        e.model_dump() for e in every
+    ]
     (part_added,) = [e for e in events if e.type == "response.content_part.added"]
     assert part_added.part.logprobs == []  # type: ignore[union-attr]
     final = events[-1]
@@ -167,7 +179,9 @@ async def test_streamed_logprobs_on_deltas_done_and_parts(client: AsyncOpenAI, b
     fetched = await client.responses.retrieve(final.response.id)
     assert fetched.model_dump() == final.response.model_dump()
     async with httpx.AsyncClient(timeout=60) as http:
-        raw = await http.get(f"{base_url}/v1/responses/{final.response.id}", params={"stream": "true"})
+        raw = await http.get(
+            f"{base_url}/v1/responses/{final.response.id}", params={"stream": "true"}
+        )
     replayed = sse_events(raw.content)
     check_stream(replayed)
     assert [e for e in replayed if e["type"] == "response.output_text.delta"] == [
@@ -185,7 +199,9 @@ async def test_non_streamed_top_logprobs_zero_and_without_include(client: AsyncO
     assert b"".join(bytes(e.bytes) for e in part.logprobs) == part.text.encode()
     assert len(part.logprobs) == 10 - 3
 
-    plain = await client.responses.create(model=MODEL, input="Hello.", max_output_tokens=10, top_logprobs=3)
+    plain = await client.responses.create(
+        model=MODEL, input="Hello.", max_output_tokens=10, top_logprobs=3
+    )
     plain_part = plain.output[0].content[0]  # type: ignore[union-attr]
     assert plain_part.text and plain_part.logprobs == []
     assert plain.top_logprobs == 3
@@ -193,8 +209,13 @@ async def test_non_streamed_top_logprobs_zero_and_without_include(client: AsyncO
 
 async def test_twenty_top_logprobs_with_sampling(client: AsyncOpenAI) -> None:
     response = await client.responses.create(
-        model=MODEL, input="Go.", max_output_tokens=8, include=INCLUDE, top_logprobs=20,
-        temperature=1.0, top_p=0.5,
+        model=MODEL,
+        input="Go.",
+        max_output_tokens=8,
+        include=INCLUDE,
+        top_logprobs=20,
+        temperature=1.0,
+        top_p=0.5,
     )
     part = response.output[0].content[0]  # type: ignore[union-attr]
     assert len(part.logprobs) == 5  # type: ignore[union-attr]

@@ -37,10 +37,19 @@ async def test_pushed_chunks_are_the_chunks_read(vllm_engine: VllmEngine) -> Non
     await asyncio.wait_for(stream.push_to(got.append), 30)  # type: ignore[arg-type]
     assert check_one_final(got).finish_reason == "length"
     assert [c.token_ids for c in got] == [c.token_ids for c in read] and len(tokens(got)) == 6
-    assert all(c.logprobs is not None and len(c.logprobs) == len(c.token_ids) for c in got if c.token_ids)
-    assert [[top for _, top in c.logprobs or ()] for c in got] == [[top for _, top in c.logprobs or ()] for c in read]
+    assert all(
+        c.logprobs is not None and len(c.logprobs) == len(c.token_ids) for c in got if c.token_ids
+    )
+    assert [[top for _, top in c.logprobs or ()] for c in got] == [
+        [top for _, top in c.logprobs or ()] for c in read
+    ]
     # a forced stop token ends it with stop
-    stream, got = pushed(vllm_engine, prompt(10), Sampling(max_tokens=20, logit_bias={200002: 100.0}), "stop"), []
+    stream, got = (
+        pushed(
+            vllm_engine, prompt(10), Sampling(max_tokens=20, logit_bias={200002: 100.0}), "stop"
+        ),
+        [],
+    )
     await asyncio.wait_for(stream.push_to(got.append), 30)  # type: ignore[arg-type]
     assert check_one_final(got).finish_reason == "stop" and tokens(got) == [200002]
 
@@ -77,11 +86,17 @@ async def test_a_consumer_that_leaves_or_fails_aborts_the_request(vllm_engine: V
         await asyncio.wait_for(stream.push_to(failing), 30)
     await wait_until_idle(vllm_engine)
     # vLLM's output handler was not hurt: the next request streams
-    chunks = await collect(vllm_engine.generate(prompt(8), Sampling(max_tokens=2, logit_bias=NO_STOP), request_id("after")))
+    chunks = await collect(
+        vllm_engine.generate(
+            prompt(8), Sampling(max_tokens=2, logit_bias=NO_STOP), request_id("after")
+        )
+    )
     assert check_one_final(chunks).finish_reason == "length"
 
 
-async def test_outputs_made_while_the_consumer_waits_come_after_the_wait_merged(vllm_engine: VllmEngine) -> None:
+async def test_outputs_made_while_the_consumer_waits_come_after_the_wait_merged(
+    vllm_engine: VllmEngine,
+) -> None:
     gate: asyncio.Future[None] = asyncio.get_running_loop().create_future()
     got: list[EngineChunk] = []
 

@@ -95,7 +95,9 @@ def degraded(run: Degraded) -> None:
     assert run.started and run.alive_after_probes, context
     health_unavailable(run.health, context)
     assert run.get_stored is not None and run.get_stored.status == 200, context
-    assert isinstance(run.get_stored.body, dict) and run.get_stored.body["status"] == "completed", context
+    assert isinstance(run.get_stored.body, dict) and run.get_stored.body["status"] == "completed", (
+        context
+    )
     store_unavailable_503(run.post, context)
     health_ok(run.health_after, context)
     assert run.left_in_progress == "failed" and run.closed_after_s is not None, context

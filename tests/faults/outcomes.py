@@ -141,7 +141,9 @@ class LiveStream(threading.Thread):
                 httpx.Client(timeout=timeout) as client,
                 (
                     client.stream(
-                        "GET", self.url, params={"stream": "true", "starting_after": self._resume[1]}
+                        "GET",
+                        self.url,
+                        params={"stream": "true", "starting_after": self._resume[1]},
                     )
                     if self._resume is not None
                     else client.stream("POST", self.url, json=self.body)
@@ -260,7 +262,9 @@ def _payload(frame: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in frame.items() if k not in ("type", "sequence_number")}
 
 
-def _resume(client: httpx.Client, base_url: str, response_id: str, after: int) -> list[dict[str, Any]]:
+def _resume(
+    client: httpx.Client, base_url: str, response_id: str, after: int
+) -> list[dict[str, Any]]:
     with client.stream(
         "GET",
         f"{base_url}/v1/responses/{response_id}",
@@ -324,7 +328,9 @@ def settle(
             if seqs != list(range(len(log))):
                 figures.bad_logs.append(f"{response_id}: seqs are not 0..n contiguous")
             if terminals != ([len(log) - 1] if log else []) or not terminals:
-                figures.bad_logs.append(f"{response_id}: terminal events at {terminals} of {len(log)}")
+                figures.bad_logs.append(
+                    f"{response_id}: terminal events at {terminals} of {len(log)}"
+                )
 
         resumed = 0
         for stream in streams:
@@ -338,7 +344,9 @@ def settle(
                     figures.lost.append(f"{response_id}: the {i}th event received has seq {seq}")
                     break
                 if i >= len(log):
-                    figures.lost.append(f"{response_id}: seq {i} ({event['type']}) is not in the log")
+                    figures.lost.append(
+                        f"{response_id}: seq {i} ({event['type']}) is not in the log"
+                    )
                     continue
                 stored = log[i]
                 if stored["type"] != event["type"]:
@@ -346,9 +354,13 @@ def settle(
                         f"{response_id}: seq {i} received as {event['type']}, stored as {stored['type']}"
                     )
                 elif stored["payload"] != _payload(event):
-                    figures.lost.append(f"{response_id}: seq {i} ({event['type']}) stored with another payload")
+                    figures.lost.append(
+                        f"{response_id}: seq {i} ({event['type']}) stored with another payload"
+                    )
             if stream.ending == "terminal" and log and log[-1]["seq"] != stream.last_seq:
-                figures.bad_logs.append(f"{response_id}: the stream's terminal event is not the log's last")
+                figures.bad_logs.append(
+                    f"{response_id}: the stream's terminal event is not the log's last"
+                )
             if stream.ending == "error" and stream.error is not None:
                 figures.bad_errors.extend(_error_problems(stream, log))
                 if resumes is None or resumed < resumes:

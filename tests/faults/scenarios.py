@@ -88,8 +88,14 @@ def fault_env(
 
 
 @contextlib.contextmanager
-def _server(workdir: Path, name: str, url: str, script: Mapping[str, Any], env: Mapping[str, str],
-            ready: str = "healthy") -> Iterator[ServerProcess]:
+def _server(
+    workdir: Path,
+    name: str,
+    url: str,
+    script: Mapping[str, Any],
+    env: Mapping[str, str],
+    ready: str = "healthy",
+) -> Iterator[ServerProcess]:
     server = ServerProcess(workdir, name, url, script, model=MODEL, env=env, ready=ready)
     try:
         yield server
@@ -142,7 +148,9 @@ def health_until(base_url: str, status: int, within_s: float) -> Probe:
 
 
 def post_once(base_url: str, timeout_s: float = 60, **extra: Any) -> Probe:
-    return _request("POST", base_url + "/v1/responses", timeout_s, json={**BODY, "input": "hi", **extra})
+    return _request(
+        "POST", base_url + "/v1/responses", timeout_s, json={**BODY, "input": "hi", **extra}
+    )
 
 
 def new_posts(base_url: str, n: int) -> list[str]:
@@ -181,8 +189,12 @@ class Outage:
     def summary(self) -> str:
         lines = [f"[{self.name}] " + self.figures.summary()]
         lines.append(f"streams ended {self.streams_ended_s} s after the fault started")
-        for label, probe in (("health during", self.health_during), ("POST during", self.post_during),
-                             ("DELETE during", self.delete_during), ("health after", self.health_after)):
+        for label, probe in (
+            ("health during", self.health_during),
+            ("POST during", self.post_during),
+            ("DELETE during", self.delete_during),
+            ("health after", self.health_after),
+        ):
             if probe is not None:
                 lines.append(f"{label}: {probe.describe()} after {probe.seconds:.1f} s")
         if self.resume_during is not None:
@@ -232,7 +244,9 @@ def outage(
                         "DELETE", f"{server.base_url}/v1/responses/{target.response_id}", 20
                     )
                 if target is not None and target.response_id is not None:
-                    resumer = LiveStream.resume(server.base_url, target.response_id, target.last_seq)
+                    resumer = LiveStream.resume(
+                        server.base_url, target.response_id, target.last_seq
+                    )
                     resumer.start()
                     time.sleep(0.5)
         finally:
@@ -243,7 +257,9 @@ def outage(
         result.figures = settle(server.base_url, live, fault_ended_at=fault_ended_at)
         if resumer is not None:
             resumer.join(max(1.0, fault_ended_at + 30 - time.monotonic()))
-            result.resume_during = resumer.ending if not resumer.is_alive() else "still open 30 s after"
+            result.resume_during = (
+                resumer.ending if not resumer.is_alive() else "still open 30 s after"
+            )
         if posts_after:
             result.posts_after = new_posts(server.base_url, posts_after)
         result.server_alive = server.alive
@@ -254,8 +270,9 @@ def outage(
 # -- PostgreSQL ------------------------------------------------------------------------------
 
 
-def pg_restart(cluster: PgCluster, workdir: Path, *, streams: int, retry_s: float,
-               downtime_s: float) -> Outage:
+def pg_restart(
+    cluster: PgCluster, workdir: Path, *, streams: int, retry_s: float, downtime_s: float
+) -> Outage:
     """A fast restart mid-stream (down ``downtime_s`` plus the start-up), no probes: with
     ``retry_s`` longer than that every stream completes; shorter, they end with ``error``."""
     cluster.reset_database()
@@ -264,9 +281,15 @@ def pg_restart(cluster: PgCluster, workdir: Path, *, streams: int, retry_s: floa
         cluster.restart("fast", downtime_s=downtime_s)
 
     return outage(
-        f"pg-restart-retry-{retry_s:g}s", workdir, cluster.url, streams=streams,
-        env=fault_env(retry_s), inject=restart, end=lambda: None,
-        streams_end_within_s=downtime_s + retry_s + 2 + SLACK_S + 10, probes=False,
+        f"pg-restart-retry-{retry_s:g}s",
+        workdir,
+        cluster.url,
+        streams=streams,
+        env=fault_env(retry_s),
+        inject=restart,
+        end=lambda: None,
+        streams_end_within_s=downtime_s + retry_s + 2 + SLACK_S + 10,
+        probes=False,
         posts_after=2,
     )
 
@@ -276,20 +299,37 @@ def pg_stop(cluster: PgCluster, workdir: Path, *, streams: int, retry_s: float =
     cluster.reset_database()
     env = fault_env(retry_s)
     return outage(
-        "pg-stop", workdir, cluster.url, streams=streams, env=env,
-        inject=lambda: cluster.stop("fast"), end=cluster.start,
-        streams_end_within_s=retry_s + 2 + SLACK_S, delete_probe=True,
+        "pg-stop",
+        workdir,
+        cluster.url,
+        streams=streams,
+        env=env,
+        inject=lambda: cluster.stop("fast"),
+        end=cluster.start,
+        streams_end_within_s=retry_s + 2 + SLACK_S,
+        delete_probe=True,
     )
 
 
-def pg_freeze(cluster: PgCluster, workdir: Path, *, streams: int, retry_s: float = 1.5,
-              statement_timeout_s: float = 2.0) -> Outage:
+def pg_freeze(
+    cluster: PgCluster,
+    workdir: Path,
+    *,
+    streams: int,
+    retry_s: float = 1.5,
+    statement_timeout_s: float = 2.0,
+) -> Outage:
     """SIGSTOP for longer than statement timeout + retry time, then SIGCONT."""
     cluster.reset_database()
     env = fault_env(retry_s, statement_timeout_s)
     return outage(
-        "pg-freeze", workdir, cluster.url, streams=streams, env=env,
-        inject=cluster.freeze, end=cluster.thaw,
+        "pg-freeze",
+        workdir,
+        cluster.url,
+        streams=streams,
+        env=env,
+        inject=cluster.freeze,
+        end=cluster.thaw,
         streams_end_within_s=statement_timeout_s + retry_s + SLACK_S,
     )
 
@@ -302,8 +342,14 @@ def sqlite_full(disk: Tmpfs, workdir: Path, *, streams: int, retry_s: float = 1.
     new POSTs afterwards (before the fix, 13 of 16 still got 500)."""
     url = f"sqlite+aiosqlite:///{disk.path / 'responses.db'}"
     return outage(
-        "sqlite-full", workdir, url, streams=streams, env=fault_env(retry_s),
-        inject=disk.fill, end=disk.free, streams_end_within_s=retry_s + 2 + SLACK_S,
+        "sqlite-full",
+        workdir,
+        url,
+        streams=streams,
+        env=fault_env(retry_s),
+        inject=disk.fill,
+        end=disk.free,
+        streams_end_within_s=retry_s + 2 + SLACK_S,
         posts_after=16,
     )
 
@@ -319,8 +365,13 @@ def sqlite_lock(workdir: Path, *, streams: int, retry_s: float = 1.5) -> Outage:
             lock.release()
 
     return outage(
-        "sqlite-lock", workdir, url, streams=streams, env=fault_env(retry_s),
-        inject=lambda: holder.append(WriteLock(db)), end=release,
+        "sqlite-lock",
+        workdir,
+        url,
+        streams=streams,
+        env=fault_env(retry_s),
+        inject=lambda: holder.append(WriteLock(db)),
+        end=release,
         streams_end_within_s=SQLITE_BUSY_S + retry_s + 2 + SLACK_S,
     )
 
@@ -345,8 +396,12 @@ class Degraded:
 
     def summary(self) -> str:
         parts = [f"[degraded start, {self.mode}] started={self.started} exit={self.exit_code}"]
-        for label, probe in (("health", self.health), ("GET stored", self.get_stored),
-                             ("POST", self.post), ("health after", self.health_after)):
+        for label, probe in (
+            ("health", self.health),
+            ("GET stored", self.get_stored),
+            ("POST", self.post),
+            ("health after", self.health_after),
+        ):
             if probe is not None:
                 parts.append(f"{label}: {probe.describe()} after {probe.seconds:.1f} s")
         parts.append(f"alive after the probes: {self.alive_after_probes}")
@@ -375,7 +430,10 @@ def degraded_start(disk: Tmpfs, workdir: Path, mode: str) -> Degraded:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             log = _request("GET", f"{first.base_url}/v1/responses/{open_id}/events", 10).body
-            if isinstance(log, dict) and sum(e["type"].endswith(".delta") for e in log["data"]) >= 3:
+            if (
+                isinstance(log, dict)
+                and sum(e["type"].endswith(".delta") for e in log["data"]) >= 3
+            ):
                 break
             time.sleep(0.05)
         first.kill()
@@ -396,8 +454,15 @@ def degraded_start(disk: Tmpfs, workdir: Path, mode: str) -> Degraded:
     mended = False
     try:
         try:
-            second = ServerProcess(workdir, f"{mode}-second", url, {"turns": []}, model=MODEL,
-                                   env=env, ready="listening")
+            second = ServerProcess(
+                workdir,
+                f"{mode}-second",
+                url,
+                {"turns": []},
+                model=MODEL,
+                env=env,
+                ready="listening",
+            )
         except ServerDidNotStart as exc:  # it exited (before the fix: code 3) or never listened
             result.exit_code = exc.returncode
             result.server_log = str(exc)
@@ -488,8 +553,13 @@ def poisoned(workdir: Path, url: str, *, streams: int = 24, rounds: int = 3) -> 
         def send(where: str, param: str, raw: bytes) -> None:
             body = raw.replace(b"%s", MODEL.encode())
             json.loads(body)  # valid JSON: the surrogate is an escape, not a raw byte
-            probe = _request("POST", server.base_url + "/v1/responses", 30, content=body,
-                             headers={"content-type": "application/json"})
+            probe = _request(
+                "POST",
+                server.base_url + "/v1/responses",
+                30,
+                content=body,
+                headers={"content-type": "application/json"},
+            )
             answers.append((where, param, probe.status, probe.body))
 
         # Several rounds, so that some poisoned write is likely to share a group commit with

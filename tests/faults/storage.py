@@ -73,7 +73,9 @@ class Tmpfs:
     def __init__(self, size: str = "16m") -> None:
         self.size = size
         self.path = Path(tempfile.mkdtemp(prefix="ledger-tmpfs-"))
-        result = _run("mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(self.path))
+        result = _run(
+            "mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(self.path)
+        )
         if result.returncode != 0:
             os.rmdir(self.path)
             raise OSError(f"mount -t tmpfs failed: {result.stderr.strip()}")

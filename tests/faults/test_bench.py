@@ -19,7 +19,12 @@ def test_the_fault_benchmark_prints_its_figures() -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.run(
         [sys.executable, "-m", "bench.faults", "--streams", "2", "--only", "sqlite-poisoned"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=180, check=False,
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
     )
     assert proc.returncode == 0, proc.stderr
     header, _rule, row = proc.stdout.splitlines()[:3]
@@ -31,6 +36,11 @@ def test_the_fault_benchmark_prints_its_figures() -> None:
 
     bad = subprocess.run(
         [sys.executable, "-m", "bench.faults", "--only", "no-such-fault"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=60, check=False,
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     assert bad.returncode == 2 and "unknown faults: no-such-fault" in bad.stderr

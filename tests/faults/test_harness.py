@@ -115,8 +115,8 @@ def test_the_sse_reader_sees_frames_split_anywhere() -> None:
     raw = (
         b": ping\r\n\r\n"
         b'event: response.created\ndata: {"a": 1}\n\n'
-        b"event: error\r\ndata: {\"type\": \"error\"}\r\n\r\n"
-        b"event: response.completed\ndata: {\"cut\""  # no blank line: never dispatched
+        b'event: error\r\ndata: {"type": "error"}\r\n\r\n'
+        b'event: response.completed\ndata: {"cut"'  # no blank line: never dispatched
     )
     expected = [("response.created", '{"a": 1}'), ("error", '{"type": "error"}')]
     for size in (1, 3, 7, len(raw)):
@@ -136,10 +136,19 @@ def _fake_logs(error_seq: int) -> dict[str, list[dict[str, Any]]]:
     for rid, status in (("ok", "completed"), ("error", "failed"), ("silent", "failed")):
         terminal = "response.completed" if status == "completed" else "response.failed"
         logs[rid] = [
-            {"seq": 0, "type": "response.created", "payload": {"response": response(rid, "in_progress")}},
+            {
+                "seq": 0,
+                "type": "response.created",
+                "payload": {"response": response(rid, "in_progress")},
+            },
             {"seq": 1, "type": "response.output_text.delta", "payload": {"delta": "Hi"}},
-            {"seq": 2, "type": terminal,
-             "payload": {"response": response(rid, status, None if status == "completed" else failed)}},
+            {
+                "seq": 2,
+                "type": terminal,
+                "payload": {
+                    "response": response(rid, status, None if status == "completed" else failed)
+                },
+            },
         ]
     logs["_error_seq"] = [{"seq": error_seq}]
     return logs
@@ -158,8 +167,13 @@ def _fake_app(logs: dict[str, list[dict[str, Any]]]) -> Starlette:
         if rid == "ok":
             body += _frame(log[2])
         elif rid == "error":
-            error = {"type": "error", "code": "store_unavailable", "message": "gone", "param": None,
-                     "sequence_number": logs["_error_seq"][0]["seq"]}
+            error = {
+                "type": "error",
+                "code": "store_unavailable",
+                "message": "gone",
+                "param": None,
+                "sequence_number": logs["_error_seq"][0]["seq"],
+            }
             body += f"event: error\ndata: {json.dumps(error)}\n\n".encode()
         return Response(body, media_type="text/event-stream")  # "silent": EOF after the delta
 
@@ -167,24 +181,31 @@ def _fake_app(logs: dict[str, list[dict[str, Any]]]) -> Starlette:
         log = logs[request.path_params["rid"]]
         if request.query_params.get("stream") == "true":
             after = int(request.query_params["starting_after"])
-            return Response(b"".join(_frame(e) for e in log[after + 1 :]), media_type="text/event-stream")
+            return Response(
+                b"".join(_frame(e) for e in log[after + 1 :]), media_type="text/event-stream"
+            )
         return JSONResponse(log[-1]["payload"]["response"])
 
     async def events(request: Request) -> Response:
         return JSONResponse({"data": logs[request.path_params["rid"]]})
 
-    return Starlette(routes=[
-        Route("/v1/responses", create, methods=["POST"]),
-        Route("/v1/responses/{rid}", get, methods=["GET"]),
-        Route("/v1/responses/{rid}/events", events, methods=["GET"]),
-    ])
+    return Starlette(
+        routes=[
+            Route("/v1/responses", create, methods=["POST"]),
+            Route("/v1/responses/{rid}", get, methods=["GET"]),
+            Route("/v1/responses/{rid}/events", events, methods=["GET"]),
+        ]
+    )
 
 
 @pytest.mark.parametrize("error_seq", [2, 1])
 def test_settle_accepts_the_contract_and_counts_the_rest(error_seq: int) -> None:
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(_fake_app(_fake_logs(error_seq)), host="127.0.0.1",
-                                           port=port, log_level="warning"))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            _fake_app(_fake_logs(error_seq)), host="127.0.0.1", port=port, log_level="warning"
+        )
+    )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     try:

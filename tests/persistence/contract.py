@@ -452,7 +452,10 @@ class EventStoreContract:
             1,
         )
         generating = (await store.load_chain(third))[2].events
-        assert [(e.seq, e.type) for e in generating] == [(2, OUTPUT_ITEM_DONE), (3, OUTPUT_ITEM_DONE)]
+        assert [(e.seq, e.type) for e in generating] == [
+            (2, OUTPUT_ITEM_DONE),
+            (3, OUTPUT_ITEM_DONE),
+        ]
         assert generating[1].payload["item"]["call_id"] == "call_3"
         assert chain[1].input_items == second_new.input_items
         assert chain[2].input_items == third_new.input_items
@@ -485,7 +488,9 @@ class EventStoreContract:
             1,
         )
         # durable with its output_item.done event, before the response ends
-        found = await store.find_items(["msg_q", "msg_a", "fc_1", "msg_elsewhere", "nope"], project="default")
+        found = await store.find_items(
+            ["msg_q", "msg_a", "fc_1", "msg_elsewhere", "nope"], project="default"
+        )
         assert set(found) == {"msg_q", "msg_a", "fc_1"}  # a reference is not an item
         assert found["msg_q"] == (first.id, "input", 0, first.input_items[0])
         assert found["msg_a"].source == "output" and found["msg_a"].position == 0
@@ -500,7 +505,9 @@ class EventStoreContract:
         again = await store.find_items(["msg_a"], project="default")
         assert again["msg_a"].response_id == first.id and again["msg_a"].source == "output"
 
-    async def test_find_items_takes_more_ids_than_one_statement_can(self, store: EventStore) -> None:
+    async def test_find_items_takes_more_ids_than_one_statement_can(
+        self, store: EventStore
+    ) -> None:
         # a request may reference that many items (the drivers refuse a statement of over 32,767
         # arguments: it was a 503, "the database is unavailable", on PostgreSQL)
         first = new_response(input_items=[user_message("question", item_id="msg_q")])
@@ -517,12 +524,21 @@ class EventStoreContract:
         await store.create_response(mine)
         await store.append(mine.id, [created(mine.id), message_done(1, "ok", item_id="msg_out")], 0)
         assert await store.find_items(["msg_mine", "msg_out"], project="p2") == {}
-        assert set(await store.find_items(["msg_mine", "msg_out"], project="p1")) == {"msg_mine", "msg_out"}
+        assert set(await store.find_items(["msg_mine", "msg_out"], project="p1")) == {
+            "msg_mine",
+            "msg_out",
+        }
         # the same id in two projects: each sees its own
-        theirs = new_response(input_items=[user_message("theirs", item_id="msg_mine")], project="p2")
+        theirs = new_response(
+            input_items=[user_message("theirs", item_id="msg_mine")], project="p2"
+        )
         await store.create_response(theirs)
-        assert (await store.find_items(["msg_mine"], project="p2"))["msg_mine"].response_id == theirs.id
-        assert (await store.find_items(["msg_mine"], project="p1"))["msg_mine"].response_id == mine.id
+        assert (await store.find_items(["msg_mine"], project="p2"))[
+            "msg_mine"
+        ].response_id == theirs.id
+        assert (await store.find_items(["msg_mine"], project="p1"))[
+            "msg_mine"
+        ].response_id == mine.id
         assert await store.delete(mine.id) is True
         assert await store.find_items(["msg_mine", "msg_out"], project="p1") == {}
         assert set(await store.find_items(["msg_mine"], project="p2")) == {"msg_mine"}
@@ -674,7 +690,9 @@ class EventStoreContract:
 
     # -- takeover ---------------------------------------------------------------------------
 
-    async def test_output_token_ids_are_kept_with_the_events_they_produced(self, store: EventStore) -> None:
+    async def test_output_token_ids_are_kept_with_the_events_they_produced(
+        self, store: EventStore
+    ) -> None:
         rid = await _started(store)
         await store.submit(rid, [delta(1, "a"), delta(2, "b")], 1, (7, 8, 9))
         await store.submit(rid, [delta(3, "c")], 3)  # a write without tokens
@@ -683,7 +701,9 @@ class EventStoreContract:
         assert await store.output_tokens("resp_nope") == []
         assert [e.seq for e in await store.load(rid)] == [0, 1, 2, 3, 4]
 
-    async def test_load_after_reads_several_logs_each_after_its_own_seq(self, store: EventStore) -> None:
+    async def test_load_after_reads_several_logs_each_after_its_own_seq(
+        self, store: EventStore
+    ) -> None:
         one, two, three = await _started(store), await _started(store), await _started(store)
         await store.append(one, [delta(1, "a"), delta(2, "b")], 1)
         await store.append(two, [delta(1, "c")], 1)

@@ -25,8 +25,12 @@ def _wrapped(orig: BaseException) -> sa_exc.DBAPIError:
         asyncpg.InterfaceError("another operation is in progress"),
         # a backend terminated while the connection was idle: the next statement meets its
         # goodbye half-way (seen in CI on the doorbell's sending connection)
-        asyncpg.InternalClientError("cannot switch to state 11; another operation (2) is in progress"),
-        asyncpg.exceptions.AdminShutdownError("terminating connection due to administrator command"),
+        asyncpg.InternalClientError(
+            "cannot switch to state 11; another operation (2) is in progress"
+        ),
+        asyncpg.exceptions.AdminShutdownError(
+            "terminating connection due to administrator command"
+        ),
         asyncpg.exceptions.DiskFullError("could not extend file"),
     ],
     ids=type,

@@ -76,5 +76,7 @@ def test_an_opening_event_never_gives_the_row_a_status_outside_the_unfinished_on
     for status in sorted(UNFINISHED_STATUSES):
         update = row_update(StoredEvent(0, "response.created", {"response": {"status": status}}))
         assert update is not None and update.status == status
-    assert initial_status(True) in UNFINISHED_STATUSES and initial_status(False) in UNFINISHED_STATUSES
+    assert (
+        initial_status(True) in UNFINISHED_STATUSES and initial_status(False) in UNFINISHED_STATUSES
+    )
     assert not UNFINISHED_STATUSES & TERMINAL_STATUSES

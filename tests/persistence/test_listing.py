@@ -37,7 +37,9 @@ def backend(request: pytest.FixtureRequest) -> str | None:
 @pytest.fixture
 async def store(backend: str | None) -> AsyncIterator[EventStore]:
     the_store: EventStore = (
-        MemoryStore() if backend is None else await open_store(backend, commit_window_ms=1.0, migrate=False)
+        MemoryStore()
+        if backend is None
+        else await open_store(backend, commit_window_ms=1.0, migrate=False)
     )
     yield the_store
     await the_store.close()
@@ -62,7 +64,9 @@ async def _ids(store: EventStore, **filters: object) -> list[str]:
 
 async def test_filters_each_and_together_newest_first(store: EventStore) -> None:
     a = await _make(store, "weather in Paris", created_at=1_000, project="alpha")
-    b = await _make(store, "100% <script>x</script> a1b", created_at=2_000, project="beta", model="m2")
+    b = await _make(
+        store, "100% <script>x</script> a1b", created_at=2_000, project="beta", model="m2"
+    )
     c = await _make(store, "WEATHER in Rome", created_at=3_000, project="alpha", end="failed")
     assert await _ids(store) == [c, b, a]
     assert await _ids(store, status="failed") == [c]

@@ -27,7 +27,9 @@ _TABLES = {
     "response_input_items",
     "response_audit",
     "server_secrets",
-    "api_keys", "replicas", "item_index",
+    "api_keys",
+    "replicas",
+    "item_index",
     "conversations",
     "conversation_items",
 }
@@ -237,12 +239,12 @@ async def test_items_stored_before_the_item_index_are_found(empty_url: str) -> N
         "INSERT INTO responses (id, model, status, created_at, background, request, project) "
         "VALUES ('resp_old', 'gpt-oss-20b', 'completed', 1, false, '{}', 'alpha')",
         "INSERT INTO response_input_items (response_id, position, item_id, item) VALUES "
-        "('resp_old', 0, 'msg_in', '{\"id\": \"msg_in\", \"type\": \"message\", \"role\": \"user\", "
-        "\"content\": [{\"type\": \"input_text\", \"text\": \"hi\"}]}'), "
-        "('resp_old', 1, 'msg_ref', '{\"id\": \"msg_ref\", \"type\": \"item_reference\"}')",
+        '(\'resp_old\', 0, \'msg_in\', \'{"id": "msg_in", "type": "message", "role": "user", '
+        '"content": [{"type": "input_text", "text": "hi"}]}\'), '
+        '(\'resp_old\', 1, \'msg_ref\', \'{"id": "msg_ref", "type": "item_reference"}\')',
         "INSERT INTO response_events (response_id, seq, type, payload, recorded_at) VALUES "
-        "('resp_old', 0, 'response.output_item.done', '{\"output_index\": 0, \"item\": {\"id\": "
-        "\"msg_out\", \"type\": \"message\", \"role\": \"assistant\", \"content\": []}}', 1.0)",
+        '(\'resp_old\', 0, \'response.output_item.done\', \'{"output_index": 0, "item": {"id": '
+        '"msg_out", "type": "message", "role": "assistant", "content": []}}\', 1.0)',
     ]
     for sql in statements:
         await _execute(empty_url, sql)
@@ -268,7 +270,9 @@ def _events_table(path: str) -> tuple[str, list[tuple[object, ...]], set[str]]:
         ddl = connection.execute(
             "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'response_events'"
         ).fetchone()[0]
-        rows = connection.execute("SELECT * FROM response_events ORDER BY response_id, seq").fetchall()
+        rows = connection.execute(
+            "SELECT * FROM response_events ORDER BY response_id, seq"
+        ).fetchall()
         triggers = {
             name
             for (name,) in connection.execute(
@@ -280,7 +284,9 @@ def _events_table(path: str) -> tuple[str, list[tuple[object, ...]], set[str]]:
     return ddl, rows, triggers
 
 
-async def test_sqlite_events_become_a_rowid_table_with_every_row_and_rule_kept(tmp_path: Path) -> None:
+async def test_sqlite_events_become_a_rowid_table_with_every_row_and_rule_kept(
+    tmp_path: Path,
+) -> None:
     url = f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}"
     path = str(tmp_path / "ledger.db")
     await migrate.upgrade_async(url, "0009")

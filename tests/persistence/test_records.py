@@ -43,7 +43,9 @@ def test_dump_json_is_compact_and_keeps_unicode() -> None:
 )
 def test_nul_is_refused_wherever_it_is(value: str, refused: bool) -> None:
     text = json.dumps({"v": value})
-    stored = StoredEvent(0, "t", payload_json=text)  # (its own pre-check hands on what may hold one)
+    stored = StoredEvent(
+        0, "t", payload_json=text
+    )  # (its own pre-check hands on what may hold one)
     if refused:
         with pytest.raises(ValueError):
             check_json_text(text)
@@ -66,11 +68,17 @@ def test_payload_text_prefers_the_given_json() -> None:
 
 
 def test_stored_event_parses_its_text_only_when_asked_and_stays_immutable() -> None:
-    from_text = StoredEvent(4, "response.output_text.delta", payload_json='{"delta":"hi","output_index":0}')
+    from_text = StoredEvent(
+        4, "response.output_text.delta", payload_json='{"delta":"hi","output_index":0}'
+    )
     assert from_text._payload is None  # nothing parsed yet: a streamed token is never read back
     assert from_text.payload == {"delta": "hi", "output_index": 0}
-    assert from_text == StoredEvent(4, "response.output_text.delta", {"output_index": 0, "delta": "hi"})
-    assert from_text != StoredEvent(5, "response.output_text.delta", {"output_index": 0, "delta": "hi"})
+    assert from_text == StoredEvent(
+        4, "response.output_text.delta", {"output_index": 0, "delta": "hi"}
+    )
+    assert from_text != StoredEvent(
+        5, "response.output_text.delta", {"output_index": 0, "delta": "hi"}
+    )
     assert from_text.payload_text() == '{"delta":"hi","output_index":0}'  # verbatim
     assert StoredEvent(0, "t", {"a": 1}).payload_text() == '{"a":1}'
     with pytest.raises(AttributeError, match="immutable"):

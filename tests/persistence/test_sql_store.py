@@ -201,7 +201,9 @@ async def test_sqlite_a_delete_by_hand_during_a_stream_refuses_its_next_events(
     try:
         rid, other = await _started(store), await _started(store)
         for seq in range(1, 4):  # a stream's commits: its cached tail is enough
-            await asyncio.gather(store.append(rid, [delta(seq)], seq), store.append(other, [delta(seq)], seq))
+            await asyncio.gather(
+                store.append(rid, [delta(seq)], seq), store.append(other, [delta(seq)], seq)
+            )
         operator.execute("DELETE FROM responses WHERE id = ?", (rid,))
         with pytest.raises(NotFound):
             await store.append(rid, [delta(4)], 4)
@@ -211,7 +213,9 @@ async def test_sqlite_a_delete_by_hand_during_a_stream_refuses_its_next_events(
         await store.append(other, [delta(5)], 5)
     finally:
         await store.close()
-    rows = operator.execute("SELECT response_id, count(*) FROM response_events GROUP BY response_id").fetchall()
+    rows = operator.execute(
+        "SELECT response_id, count(*) FROM response_events GROUP BY response_id"
+    ).fetchall()
     operator.close()
     assert rows == [(other, 6)]
 
@@ -417,7 +421,9 @@ async def test_postgres_queries_are_not_jit_compiled(clean_postgres_url: str) ->
         await store.close()
 
 
-async def test_the_periodic_queries_for_unfinished_responses_read_the_status_index(sql_url: str) -> None:
+async def test_the_periodic_queries_for_unfinished_responses_read_the_status_index(
+    sql_url: str,
+) -> None:
     # Every replica runs these every second or so (the orphan sweep, its cancel requests): a
     # scan of ``responses`` would cost the database time in proportion to every response ever
     # stored (measured: 97-149 ms a sweep at a million rows, against 1.5 through the index).
@@ -471,7 +477,10 @@ async def _plan(url: str, statement: str, parameters: Any) -> str:
             connection.execute("DELETE FROM sqlite_stat1 WHERE tbl = 'responses'")
             connection.executemany(
                 "INSERT INTO sqlite_stat1 VALUES ('responses', ?, ?)",
-                [(name, "200000 1") for name in ("sqlite_autoindex_responses_1", "ix_responses_created_at")]
+                [
+                    (name, "200000 1")
+                    for name in ("sqlite_autoindex_responses_1", "ix_responses_created_at")
+                ]
                 + [("ix_responses_status", "200000 100000"), (None, "200000")],
             )
             connection.commit()

@@ -30,7 +30,9 @@ def _path(url: str) -> Path:
 
 async def _put(writer: SqliteWriter, name: str) -> None:
     def work(conn: sqlite3.Connection) -> None:
-        conn.execute("INSERT INTO server_secrets (name, value, created_at) VALUES (?, x'00', 0)", (name,))
+        conn.execute(
+            "INSERT INTO server_secrets (name, value, created_at) VALUES (?, x'00', 0)", (name,)
+        )
 
     await writer.transaction(work)
 
@@ -39,12 +41,16 @@ def _in_database_file(path: Path) -> list[str]:
     """The names in the database file itself, without its WAL: what checkpoints copied there."""
     connection = sqlite3.connect(f"file:{path}?immutable=1", uri=True)
     try:
-        return [name for (name,) in connection.execute("SELECT name FROM server_secrets ORDER BY name")]
+        return [
+            name for (name,) in connection.execute("SELECT name FROM server_secrets ORDER BY name")
+        ]
     finally:
         connection.close()
 
 
-async def test_commits_are_checkpointed_by_the_checkpointer(writer: SqliteWriter, migrated_sqlite_url: str) -> None:
+async def test_commits_are_checkpointed_by_the_checkpointer(
+    writer: SqliteWriter, migrated_sqlite_url: str
+) -> None:
     path = _path(migrated_sqlite_url)
     writer.checkpoint_interval_s = 3600.0
     await _put(writer, "a")

@@ -189,12 +189,19 @@ async def test_a_delete_by_hand_during_an_owners_commit_leaves_none_of_its_event
             " VALUES ($1, 1, 'response.output_text.delta', '{}', 0)",
             response.id,
         )
-        delete = asyncio.create_task(operator.execute(f"DELETE FROM responses WHERE id = '{response.id}'"))
+        delete = asyncio.create_task(
+            operator.execute(f"DELETE FROM responses WHERE id = '{response.id}'")
+        )
         await asyncio.sleep(0.3)
         assert not delete.done()  # it waits for the commit
         await commit.commit()
         await delete
-        assert await owner.fetchval("SELECT count(*) FROM response_events WHERE response_id = $1", response.id) == 0
+        assert (
+            await owner.fetchval(
+                "SELECT count(*) FROM response_events WHERE response_id = $1", response.id
+            )
+            == 0
+        )
     finally:
         await owner.close()
         await operator.close()
@@ -202,7 +209,9 @@ async def test_a_delete_by_hand_during_an_owners_commit_leaves_none_of_its_event
 
 
 @pytest.mark.postgres
-async def test_a_leases_first_heartbeat_rings_the_other_replicas_once(clean_postgres_url: str) -> None:
+async def test_a_leases_first_heartbeat_rings_the_other_replicas_once(
+    clean_postgres_url: str,
+) -> None:
     """A replica that starts tells the others at once (``REPLICAS``), so one that believed
     itself alone rings its commits for other processes again without waiting for its sweep;
     the heartbeats after the first ring nothing. Heard by a session LISTENing as a replica's
@@ -275,7 +284,13 @@ async def test_a_leased_replicas_commit_is_one_statement_once_it_knows_its_fence
     try:
         kept = await _owned_log(a, "rep_a")  # the fence is read: BEGIN, the row, ...
         assert [s.split(" ")[0] for s in statements] == [
-            "BEGIN", "SELECT", "INSERT", "INSERT", "INSERT", "COMMIT", "WITH"
+            "BEGIN",
+            "SELECT",
+            "INSERT",
+            "INSERT",
+            "INSERT",
+            "COMMIT",
+            "WITH",
         ]
         statements.clear()
         # a new response and its first event, which changes its row, in one commit
@@ -318,9 +333,14 @@ async def test_a_leased_replicas_commit_is_one_statement_once_it_knows_its_fence
         row = await b.get(kept.id)
         assert row is not None
         assert (row.status, row.completed_at, row.input_tokens, row.output_tokens) == (
-            "completed", 1_700_000_100, 10, 5
+            "completed",
+            1_700_000_100,
+            10,
+            5,
         )
-        assert [(r.kind, r.token_ids) for r in await b.load_audit(kept.id)] == [("output_token_ids", (7, 8, 9))]
+        assert [(r.kind, r.token_ids) for r in await b.load_audit(kept.id)] == [
+            ("output_token_ids", (7, 8, 9))
+        ]
     finally:
         event.remove(a._writer.sync_engine, "connect", log_queries)
         await a.close()
@@ -340,16 +360,22 @@ def test_a_one_statement_commit_sends_a_column_as_one_text_where_its_values_allo
     assert _column_value("INTEGER", (1, -2, 2**31 - 1)) == ("number", "1,-2,2147483647")
     assert _column_value("BIGINT", (1, None)) == ("array", [1, None])
     assert _column_value("DOUBLE PRECISION", (0.1, 1e300, 1_700_000_000.1234567)) == (
-        "number", "0.1,1e+300,1700000000.1234567"
+        "number",
+        "0.1,1e+300,1700000000.1234567",
     )
-    assert _column_value("DOUBLE PRECISION", (1.5, 2)) == ("array", [1.5, 2])  # an int: its own encoding
+    assert _column_value("DOUBLE PRECISION", (1.5, 2)) == (
+        "array",
+        [1.5, 2],
+    )  # an int: its own encoding
     assert _column_value("BYTEA", (b"\x01\xff", None, b"")) == ("hex", "01ff,-,")
     assert _column_value("BYTEA", (b"",)) == ("array", [b""])
     assert _column_value("BOOLEAN", (True, False)) == ("array", [True, False])
 
 
 @pytest.mark.postgres
-async def test_a_one_statement_commit_stores_every_value_as_written(clean_postgres_url: str) -> None:
+async def test_a_one_statement_commit_stores_every_value_as_written(
+    clean_postgres_url: str,
+) -> None:
     """Whichever way the one-statement commit sends each column (``_column_value``), the rows read
     back are the ones written: ids and JSON holding the separator (raw, or escaped in JSON),
     NULLs, empty texts, token ids up to 2**32 - 1 and none, a time to the last bit."""
@@ -375,8 +401,15 @@ async def test_a_one_statement_commit_stores_every_value_as_written(clean_postgr
         assert [item["id"] for item in listed] == ["msg_\x1fodd", "msg_plain"] and not more
         assert [item["content"] for item in listed] == [item["content"] for item in items]
         row = await b.get(odd.id)
-        assert row is not None and (row.previous_response_id, row.api_key_id, row.owner) == (None, None, "rep_a")
-        assert [e.payload.get("delta") for e in await b.load(kept.id, after_seq=0)] == ["x\x1fy", ""]
+        assert row is not None and (row.previous_response_id, row.api_key_id, row.owner) == (
+            None,
+            None,
+            "rep_a",
+        )
+        assert [e.payload.get("delta") for e in await b.load(kept.id, after_seq=0)] == [
+            "x\x1fy",
+            "",
+        ]
         assert await b.output_token_writes(kept.id) == [[5, 2**32 - 1]]
         assert [t for _, _, t in await b.load_times(kept.id)][1:] == [1_700_000_000.1234567] * 2
     finally:

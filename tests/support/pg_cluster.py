@@ -90,8 +90,16 @@ class PgCluster:
         cluster = cls(root, _free_port())
         try:
             cluster._as_postgres(
-                str(BIN / "initdb"), "-D", str(cluster.data), "-A", "trust", "-U", USER,
-                "-E", "UTF8", "--no-sync",  # initdb's own files; the running cluster syncs
+                str(BIN / "initdb"),
+                "-D",
+                str(cluster.data),
+                "-A",
+                "trust",
+                "-U",
+                USER,
+                "-E",
+                "UTF8",
+                "--no-sync",  # initdb's own files; the running cluster syncs
             )
             conf = cluster.data / "postgresql.conf"
             with conf.open("a") as out:
@@ -130,8 +138,15 @@ class PgCluster:
 
     def start(self, timeout_s: float = 60) -> None:
         self._as_postgres(
-            str(BIN / "pg_ctl"), "-D", str(self.data), "-l", str(self.logfile), "-w",
-            "-t", str(int(timeout_s)), "start",
+            str(BIN / "pg_ctl"),
+            "-D",
+            str(self.data),
+            "-l",
+            str(self.logfile),
+            "-w",
+            "-t",
+            str(int(timeout_s)),
+            "start",
         )
 
     def stop(self, mode: str = "fast", timeout_s: float = 60) -> None:
@@ -141,8 +156,15 @@ class PgCluster:
             raise ValueError(f"unknown stop mode {mode!r}")
         self.thaw()  # a frozen postmaster cannot stop
         self._as_postgres(
-            str(BIN / "pg_ctl"), "-D", str(self.data), "-m", mode, "-w",
-            "-t", str(int(timeout_s)), "stop",
+            str(BIN / "pg_ctl"),
+            "-D",
+            str(self.data),
+            "-m",
+            mode,
+            "-w",
+            "-t",
+            str(int(timeout_s)),
+            "stop",
         )
 
     def restart(self, mode: str = "fast", downtime_s: float = 0.0) -> None:
@@ -237,8 +259,21 @@ class PgCluster:
 
     def _psql(self, sql: str) -> str:
         return self._as_postgres(
-            str(BIN / "psql"), "-X", "-q", "-v", "ON_ERROR_STOP=1", "-h", str(self.root),
-            "-p", str(self.port), "-U", USER, "-d", "postgres", "-c", sql,
+            str(BIN / "psql"),
+            "-X",
+            "-q",
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-h",
+            str(self.root),
+            "-p",
+            str(self.port),
+            "-U",
+            USER,
+            "-d",
+            "postgres",
+            "-c",
+            sql,
         )
 
     def _as_postgres(self, *argv: str) -> str:

@@ -212,7 +212,10 @@ class _Checker:
             self._text_done(event)
         elif kind == "response.compaction.compacting":
             item = self._open_item_for(event)
-            _expect(item.added.get("type") == "compaction", f"{kind} for a {item.added.get('type')} item")
+            _expect(
+                item.added.get("type") == "compaction",
+                f"{kind} for a {item.added.get('type')} item",
+            )
         else:
             raise _StreamError(f"unexpected event type {kind!r} in the body of the stream")
 

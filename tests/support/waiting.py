@@ -9,7 +9,9 @@ from collections.abc import Awaitable, Callable
 __all__ = ["eventually"]
 
 
-async def eventually(check: Callable[[], Awaitable[bool] | bool], what: str, timeout_s: float = 5.0) -> None:
+async def eventually(
+    check: Callable[[], Awaitable[bool] | bool], what: str, timeout_s: float = 5.0
+) -> None:
     """Return once ``check()`` (plain or awaitable) is true, polling every 10 ms; fail the test
     saying ``what`` did not happen if it is still false after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s

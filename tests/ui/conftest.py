@@ -65,7 +65,9 @@ def ui_server(ui_db: tuple[str, str], ui_engine: ScriptedEngine) -> Iterator[Run
 
 @pytest.fixture
 def admin_client(ui_server: RunningServer) -> Iterator[OpenAI]:
-    with OpenAI(base_url=ui_server.base_url + "/v1", api_key=ADMIN_KEY, max_retries=0, timeout=60) as c:
+    with OpenAI(
+        base_url=ui_server.base_url + "/v1", api_key=ADMIN_KEY, max_retries=0, timeout=60
+    ) as c:
         yield c
 
 

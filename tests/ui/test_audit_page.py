@@ -23,7 +23,7 @@ from tests.ui.conftest import ADMIN_KEY, MODEL, screenshot
 
 ANSWER = "The answer is forty-two, said slowly and one token at a time."
 #: Prompt text is user data: the page must show it, never run it.
-HOSTILE = "<script>window.__pwned = 1</script><img src=x onerror=\"window.__pwned = 2\">"
+HOSTILE = '<script>window.__pwned = 1</script><img src=x onerror="window.__pwned = 2">'
 
 
 def _completion(reasoning: str, final: str) -> str:
@@ -120,8 +120,12 @@ def test_find_open_and_replay_a_response(
 
 def test_a_conversations_turns_link_to_each_other(page: Any, admin_client: OpenAI) -> None:
     conversation = admin_client.conversations.create()
-    one = admin_client.responses.create(model=MODEL, input="first turn", conversation=conversation.id)
-    two = admin_client.responses.create(model=MODEL, input="second turn", conversation=conversation.id)
+    one = admin_client.responses.create(
+        model=MODEL, input="first turn", conversation=conversation.id
+    )
+    two = admin_client.responses.create(
+        model=MODEL, input="second turn", conversation=conversation.id
+    )
     page.goto(f"/ui/responses/{two.id}")
     assert page.text_content("#conversation") == conversation.id
     page.click(f'#turns a[href="/ui/responses/{one.id}"]')
@@ -174,10 +178,7 @@ def test_an_admin_sees_every_project(
         assert stream.text.rstrip().splitlines()[-2] == "event: response.completed"
 
 
-
-def test_the_list_pages_newest_first(
-    page: Any, admin_client: OpenAI, monkeypatch: Any
-) -> None:
+def test_the_list_pages_newest_first(page: Any, admin_client: OpenAI, monkeypatch: Any) -> None:
     monkeypatch.setattr("app.ui.PAGE_SIZE", 2)  # the server runs in this process
     marker = f"paged-{time.monotonic_ns()}"
     made = [admin_client.responses.create(model=MODEL, input=f"{marker} {i}") for i in range(3)]
