@@ -7,6 +7,8 @@
                                                          # ratios paired round by round (a noisy VM)
     python -m bench run --profile /tmp/prof --target naive --target ledger-postgres --concurrency 256 \
         --token-delay-ms 10 --tokens 200 --reps 1     # where each server's CPU goes (bench.cpu_split)
+    python -m bench run --sample /tmp/samples ...        # the same, sampled by py-spy, in the
+                                                         # server's own µs a token (bench.samples)
     python -m bench targets                              # what can run here, and why not
 
 Each server's workdir (SQLite's database among it) is made under ``$TMPDIR``, and the
@@ -24,7 +26,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from bench import cpu_split
+from bench import cpu_split, samples
 from bench.harness import (
     MatrixConfig,
     machine_info,
@@ -141,6 +143,13 @@ def _parser() -> argparse.ArgumentParser:
         "inflated), keep the profiles in DIR and print where the CPU went (bench.cpu_split)",
     )
     run.add_argument(
+        "--sample",
+        type=Path,
+        metavar="DIR",
+        help="sample each measured run's server with py-spy (its figures stay its own), keep "
+        "the stacks in DIR and print where the CPU went, in µs a token (bench.samples)",
+    )
+    run.add_argument(
         "--write-results",
         nargs="?",
         type=Path,
@@ -160,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(
             "--stagger needs --token-delay-ms: only a paced stream has a duration to spread the starts over"
         )
+    if args.command == "run" and args.profile is not None and args.sample is not None:
+        parser.error("--profile and --sample: one at a time (cProfile's cost would be sampled)")
     if args.command == "run" and (args.rounds < 1 or args.reps < 1):
         parser.error("--rounds and --reps take 1 or more")
     targets = default_targets()
@@ -193,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         stagger=args.stagger,
         keep_workdirs=args.keep_workdirs,
         profile_dir=args.profile,
+        sample_dir=args.sample,
         history=args.history,
     )
     command = shlex.join(["python", "-m", "bench", *(sys.argv[1:] if argv is None else argv)])
@@ -205,6 +217,11 @@ def main(argv: list[str] | None = None) -> int:
         if profiles:
             print()
             print(cpu_split.render(profiles))
+    if args.sample is not None:
+        sampled = samples.load_dir(args.sample)
+        if sampled:
+            print()
+            print(samples.render(sampled))
     if args.json:
         args.json.write_text(to_json(results, summaries, config, command, info))
     if args.write_results:

@@ -56,7 +56,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench import token_times
+from bench import samples, token_times
 from bench.targets import (
     POSTGRES_ADMIN_DSN,
     POSTGRES_HOST,
@@ -123,6 +123,10 @@ class MatrixConfig:
     #: profiles here, ``<target>-c<C>-round<R>-rep<K>.prof`` with a ``.json`` of the run's
     #: tokens and streams (``bench.cpu_split`` reads them). Those runs' CPU figures are inflated.
     profile_dir: Path | None = None
+    #: Sample every measured run's server with py-spy (``bench.samples``) and keep the stacks
+    #: here, ``<target>-c<C>-round<R>-rep<K>.txt`` with a ``.json`` of the run's tokens and
+    #: server CPU. Unlike ``profile_dir``, the runs' figures stay the server's own.
+    sample_dir: Path | None = None
     #: The ledger's database holds this many finished responses before its server starts
     #: (``bench.sweeps.fill``, then ``ANALYZE``): what a server in service has stored, for
     #: the costs that grow with it (the periodic sweeps, the planners' choices).
@@ -565,6 +569,7 @@ def _measure(
     lg_self0 = _children_cpu_s()
     if config.profile_dir is not None:
         os.kill(server.pid, signal.SIGUSR1)  # bench.profiled: profile from now on
+    sampler = _start_sampler(server, workdir / "server.samples") if config.sample_dir else None
 
     report = _run_loadgen(
         config,
@@ -576,6 +581,8 @@ def _measure(
         workdir / f"loadgen-{concurrency}-{rep}.json",
     )
 
+    if sampler is not None:
+        _stop_sampler(sampler, workdir / "server.samples")
     busy1, window1 = _system_busy_s(), time.monotonic()
     lg_self1 = _children_cpu_s()
     kernel1: dict[int, int] = {}
@@ -631,7 +638,56 @@ def _measure(
         config.log("  could not reset VmHWM: peak RSS is since the server started")
     if config.profile_dir is not None:
         _keep_profile(config.profile_dir, server, workdir / "server.prof", result)
+    if config.sample_dir is not None:
+        _keep_samples(config.sample_dir, workdir / "server.samples", result, server_s)
     return result
+
+
+def _start_sampler(server: _Server, out: Path) -> subprocess.Popen[bytes]:
+    """``py-spy record`` against the server until ``_stop_sampler`` (``bench.samples``)."""
+    exe = samples.py_spy()
+    if exe is None:
+        raise RuntimeError("--sample needs py-spy (pip install py-spy; `make setup-test` does)")
+    argv = [exe, "record", "--pid", str(server.pid), "--rate", str(samples.RATE)]
+    argv += ["--format", "raw", "--full-filenames", "--nonblocking", "--output", str(out)]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    time.sleep(0.5)  # it attaches, or says why not
+    if proc.poll() is not None:
+        error = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+        raise RuntimeError(f"py-spy could not sample the server: {error.strip()[:500]}")
+    return proc
+
+
+def _stop_sampler(proc: subprocess.Popen[bytes], out: Path) -> None:
+    """Stop the sampler as Control-C does: it writes its stacks, then exits."""
+    proc.send_signal(signal.SIGINT)
+    try:
+        _, error = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise RuntimeError("py-spy did not stop") from None
+    if proc.returncode != 0 or not out.exists():
+        raise RuntimeError(
+            f"py-spy wrote no samples (exit {proc.returncode}): "
+            f"{error.decode(errors='replace').strip()[:500]}"
+        )
+
+
+def _keep_samples(directory: Path, written: Path, result: RunResult, server_s: float) -> None:
+    name = f"{result.target}-c{result.concurrency}-round{result.round}-rep{result.rep}"
+    directory.mkdir(parents=True, exist_ok=True)
+    shutil.move(written, directory / f"{name}.txt")
+    meta = {
+        "target": result.target,
+        "concurrency": result.concurrency,
+        "round": result.round,
+        "rep": result.rep,
+        "tokens": result.tokens,
+        "streams": result.streams,
+        "server_cpu_s": server_s,
+    }
+    (directory / f"{name}.json").write_text(json.dumps(meta))
 
 
 def _profiled_argv(argv: Sequence[str], out: Path) -> list[str]:
