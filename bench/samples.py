@@ -19,7 +19,13 @@ What sampling cannot say: how often a function was called (so no per-token/per-r
 ``--profile`` gives that), and where C code spends its time: a sample taken inside a C function
 (a JSON encoder, a socket write, the kernel's work for a system call) counts for the Python frame
 that called it. A thread blocked in a system call (the event loop waiting for I/O) is idle and
-not sampled; every other thread is (SQLite's writer thread counts under ``persistence``).
+not sampled; every other thread is (SQLite's writer thread counts under ``persistence``). A
+thread that is ready to run but waits for its core counts as running, so a server pinned to one
+core with a second busy thread (SQLite's writer) gets more samples than CPU: the last row of
+each table, samples per CPU-second at the rate, says how far off (measured: 0.64-0.79 for
+one-threaded servers, whose shortest bursts the sampler misses; 1.07-1.14 for SQLite's). With
+uvloop (uvicorn's choice when it is installed) the loop's own C code, its polling and the
+callbacks' scheduling, counts under ``asyncio`` (the innermost Python frame is ``Runner.run``).
 Needs ``py-spy`` (installed with the test dependencies) and the right to trace the server's
 process (root, or ``kernel.yama.ptrace_scope`` 0).
 """
@@ -98,6 +104,12 @@ class Sampled:
     def total(self) -> int:
         return sum(self.samples.values())
 
+    @property
+    def coverage(self) -> float:
+        """Samples per second of the server's CPU, at ``RATE`` (1.0: one sample for each
+        1/RATE s of CPU; see the module docstring for why it is not)."""
+        return self.total / (self.server_cpu_s * RATE) if self.server_cpu_s else 0.0
+
     def us_per_token(self, component_: str | None = None) -> float:
         """A component's share of the samples (None: all) as µs of server CPU a token."""
         if not self.tokens or not self.total:
@@ -155,6 +167,8 @@ def render(sampled: Sequence[Sampled]) -> str:
             lines.append(f"| {name} | {values} |")
         totals = " | ".join(f"**{s.us_per_token():.2f}** | {s.total:,} samples" for s in cell)
         lines.append(f"| **all** | {totals} |")
+        coverage = " | ".join(f"{s.coverage:.2f} | " for s in cell)
+        lines.append(f"| samples per CPU-second at the rate | {coverage}|")
         blocks.append("\n".join(lines))
     return "\n\n".join(blocks)
 

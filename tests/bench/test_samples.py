@@ -45,6 +45,8 @@ def test_shares_of_the_samples_are_shares_of_the_measured_cpu_a_token():
     table = render([sampled])
     assert "| domain | 30.00 | 75.0% |" in table
     assert "| **all** | **40.00** | 40 samples |" in table
+    assert sampled.coverage == pytest.approx(40 / (0.04 * 200))  # 5.0: more samples than CPU
+    assert "| samples per CPU-second at the rate | 5.00 | |" in table
 
 
 @pytest.mark.slow
