@@ -847,7 +847,11 @@ class SqlStore:
         never starts a transaction on ``conn``, so it has nothing to roll back when the
         connection goes back to the pool). ``conn`` is the commit task's (``_held``): a failure
         that leaves it unusable or in doubt drops it."""
-        raw = (await conn.get_raw_connection()).driver_connection
+        try:
+            raw = (await conn.get_raw_connection()).driver_connection
+        except BaseException:
+            await self._drop_held(invalidate=True)  # closed under us: the next gets another
+            raise
         assert raw is not None  # a live pooled connection
         earned: dict[str, int] = {}
         try:
