@@ -571,16 +571,21 @@ def _measure(
         os.kill(server.pid, signal.SIGUSR1)  # bench.profiled: profile from now on
     sampler = _start_sampler(server, workdir / "server.samples") if config.sample_dir else None
 
-    report = _run_loadgen(
-        config,
-        target,
-        port,
-        concurrency,
-        config.streams_per_worker(concurrency),
-        times_dir,
-        workdir / f"loadgen-{concurrency}-{rep}.json",
-    )
-
+    try:
+        report = _run_loadgen(
+            config,
+            target,
+            port,
+            concurrency,
+            config.streams_per_worker(concurrency),
+            times_dir,
+            workdir / f"loadgen-{concurrency}-{rep}.json",
+        )
+    except BaseException:
+        if sampler is not None:  # not left sampling a server the run gives up on
+            sampler.kill()
+            sampler.wait()
+        raise
     if sampler is not None:
         _stop_sampler(sampler, workdir / "server.samples")
     busy1, window1 = _system_busy_s(), time.monotonic()
@@ -639,7 +644,9 @@ def _measure(
     if config.profile_dir is not None:
         _keep_profile(config.profile_dir, server, workdir / "server.prof", result)
     if config.sample_dir is not None:
-        _keep_samples(config.sample_dir, workdir / "server.samples", result, server_s)
+        _keep_run_file(
+            config.sample_dir, workdir / "server.samples", ".txt", result, server_cpu_s=server_s
+        )
     return result
 
 
@@ -674,10 +681,15 @@ def _stop_sampler(proc: subprocess.Popen[bytes], out: Path) -> None:
         )
 
 
-def _keep_samples(directory: Path, written: Path, result: RunResult, server_s: float) -> None:
+def _keep_run_file(
+    directory: Path, written: Path, suffix: str, result: RunResult, **extra: Any
+) -> None:
+    """Keep a measured run's file (a profile, samples) under ``directory`` as
+    ``<target>-c<C>-round<R>-rep<K><suffix>``, with a ``.json`` of the run beside it: what
+    ``bench.cpu_split`` and ``bench.samples`` need to know of it."""
     name = f"{result.target}-c{result.concurrency}-round{result.round}-rep{result.rep}"
     directory.mkdir(parents=True, exist_ok=True)
-    shutil.move(written, directory / f"{name}.txt")
+    shutil.move(written, directory / f"{name}{suffix}")
     meta = {
         "target": result.target,
         "concurrency": result.concurrency,
@@ -685,7 +697,7 @@ def _keep_samples(directory: Path, written: Path, result: RunResult, server_s: f
         "rep": result.rep,
         "tokens": result.tokens,
         "streams": result.streams,
-        "server_cpu_s": server_s,
+        **extra,
     }
     (directory / f"{name}.json").write_text(json.dumps(meta))
 
@@ -706,18 +718,7 @@ def _keep_profile(directory: Path, server: _Server, written: Path, result: RunRe
         if time.monotonic() > deadline or server.proc.poll() is not None:
             raise RuntimeError(f"the server wrote no profile: {server.log_tail()}")
         time.sleep(0.05)
-    name = f"{result.target}-c{result.concurrency}-round{result.round}-rep{result.rep}"
-    directory.mkdir(parents=True, exist_ok=True)
-    shutil.move(written, directory / f"{name}.prof")
-    meta = {
-        "target": result.target,
-        "concurrency": result.concurrency,
-        "round": result.round,
-        "rep": result.rep,
-        "tokens": result.tokens,
-        "streams": result.streams,
-    }
-    (directory / f"{name}.json").write_text(json.dumps(meta))
+    _keep_run_file(directory, written, ".prof", result)
 
 
 def _children_cpu_s() -> float:

@@ -41,6 +41,7 @@ import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from bench.cpu_split import component
 
@@ -121,9 +122,7 @@ class Sampled:
 def load_dir(directory: Path) -> list[Sampled]:
     """Every ``<name>.txt`` with its ``<name>.json`` (``bench.harness`` writes both), the runs of
     one target at one concurrency summed."""
-    groups: dict[tuple[str, int], list[tuple[Path, dict[str, object]]]] = collections.defaultdict(
-        list
-    )
+    groups: dict[tuple[str, int], list[tuple[Path, dict[str, Any]]]] = collections.defaultdict(list)
     for meta_path in sorted(directory.glob("*.json")):
         stacks = meta_path.with_suffix(".txt")
         if stacks.exists():
@@ -136,8 +135,8 @@ def load_dir(directory: Path) -> list[Sampled]:
             with stacks.open(encoding="utf-8", errors="replace") as lines:
                 for name, n in count(lines).items():
                     samples[name] += n
-        tokens = sum(int(m["tokens"]) for _, m in runs)  # type: ignore[call-overload]
-        cpu = sum(float(m["server_cpu_s"]) for _, m in runs)  # type: ignore[arg-type]
+        tokens = sum(m["tokens"] for _, m in runs)
+        cpu = sum(m["server_cpu_s"] for _, m in runs)
         out.append(Sampled(target, concurrency, dict(samples), tokens, cpu))
     return out
 
