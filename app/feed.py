@@ -23,9 +23,10 @@ from persistence.health import StoreHealth
 
 __all__ = ["BACKLOG_BUDGET", "MIN_BACKLOG", "ChunkFeed"]
 
-#: Generation pauses when all live responses together have this many events (and tokens)
-#: waiting for their commits, for each response that itself has at least ``MIN_BACKLOG``
-#: waiting: a lone fast stream is never throttled, many streams share a bounded buffer.
+#: Generation pauses when all live responses together have this many events waiting for their
+#: commits (for a coalescing builder, tokens: ``app.live.Backlog``), for each response that
+#: itself has at least ``MIN_BACKLOG`` waiting: a lone fast stream is never throttled, many
+#: streams share a bounded buffer.
 BACKLOG_BUDGET = 16384
 MIN_BACKLOG = 32
 

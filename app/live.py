@@ -260,8 +260,10 @@ def error_frame(seq: int, code: str, message: str) -> bytes:
 
 
 class Backlog:
-    """How many events and output tokens all live responses have pushed and not yet handed
-    to the store.
+    """How many events all live responses have pushed and not yet handed to the store, and
+    for a response whose builder coalesces (``LogWriter.pull``), the output tokens whose text
+    waits in it: about one a token either way (counting both a token and its delta halved the
+    budget, ``app.feed``).
 
     Shared by every :class:`LogWriter` of a service, so generation can be paused when the
     server as a whole falls behind its commits, without throttling a lone fast stream."""
@@ -294,6 +296,8 @@ class LogWriter:
         self._frames: list[bytes] = []
         #: Output token ids fed since the last hand-over: they go with the next events.
         self._tokens: list[int] = []
+        #: How many of them the shared backlog counts (those fed while ``pull`` was set).
+        self._counted = 0
         self._next_seq = next_seq
         #: A submission is in flight: what is pushed now waits for its commit.
         self.inflight = False
@@ -322,9 +326,10 @@ class LogWriter:
 
     @property
     def backlog(self) -> int:
-        """Events pushed and output tokens fed but not yet handed to the store (they wait for
-        the commit in flight; the tokens' text may still be in the builder, see ``pull``)."""
-        return len(self._events) + len(self._tokens)
+        """Events pushed but not yet handed to the store (they wait for the commit in flight),
+        and the tokens fed while ``pull`` was set, whose text may still wait in the builder: what
+        this writer adds to the shared backlog."""
+        return len(self._events) + self._counted
 
     @property
     def queued(self) -> int:
@@ -358,7 +363,9 @@ class LogWriter:
         yet goes with the next events: the log never holds an event without its tokens)."""
         if token_ids and self._submit_fn is not None and self.error is None:
             self._tokens.extend(token_ids)
-            self._shared.total += len(token_ids)  # (their text may wait in the builder: ``pull``)
+            if self.pull is not None:  # their text waits in the builder, not as events yet
+                self._counted += len(token_ids)
+                self._shared.total += len(token_ids)
         if not events:
             return
         if self.error is not None:
@@ -401,7 +408,8 @@ class LogWriter:
             return
         self.inflight = True
         tokens, self._tokens = self._tokens, []
-        self._shared.total -= len(tokens)
+        self._shared.total -= self._counted
+        self._counted = 0
         # the store calls back later, from its commit (never from inside this call); one
         # submission is in flight at a time, so what it carries waits here, not in a partial
         self._sent, self._sent_output = batch, output
@@ -443,8 +451,9 @@ class LogWriter:
                 extra={"response_id": self._run.id},
             )
             self._run.error = self.error
-            self._shared.total -= len(self._events) + len(self._tokens)  # never to be written
+            self._shared.total -= len(self._events) + self._counted  # never to be written
             self._events, self._frames, self._tokens = [], [], []
+            self._counted = 0
             self.pull = None
             after, self._after = self._after, []
             for _, outer in after:
@@ -468,8 +477,9 @@ class LogWriter:
     def close(self) -> None:
         """The run is over: what it pushed and never handed to the store (it stopped short)
         leaves the shared backlog."""
-        self._shared.total -= len(self._events) + len(self._tokens)
+        self._shared.total -= len(self._events) + self._counted
         self._events, self._frames, self._tokens = [], [], []
+        self._counted = 0
         self.pull = None
 
     async def drain(self) -> None:

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from app.live import LogWriter, Run, Subscription, stored_event
+from app.live import Backlog, LogWriter, Run, Subscription, stored_event
 from domain.builder import ResponseBuilder
 from domain.events import OutputTextDelta
 from persistence.errors import StoreError
@@ -146,6 +146,39 @@ async def test_a_commit_pulls_what_waited_for_it_as_one_delta_with_every_token()
     builder.append(" d")
     writer.push(builder.take(), [6])
     assert store.calls[-1] == "events 4-4"
+
+
+async def test_a_token_and_the_delta_it_made_count_once_in_the_shared_backlog() -> None:
+    """Without a coalescing builder each token's delta is pushed with it: the shared backlog
+    (what pauses a fast engine, ``app.feed``) counts the delta, not the token too, so its budget
+    holds as many tokens as it says. With one, the token is counted (its text waits in the
+    builder) and its delta, made at the hand-over, is not counted again."""
+    store = _Store()
+    backlog = Backlog()
+    run = Run(id="resp_1", store=True, background=False, engine_request_id="resp_1")
+    writer = LogWriter(run, store.submit_then, backlog)
+    writer.push([_delta(0)], [100])  # handed over at once: nothing waits
+    assert writer.inflight and backlog.total == 0
+    for seq in range(1, 4):
+        writer.push([_delta(seq)], [100 + seq])  # each waits for the commit in flight
+    assert writer.backlog == 3 and backlog.total == 3
+    store.settle(0)
+    await asyncio.sleep(0)
+    assert store.calls == ["events 0-0", "events 1-3"] and backlog.total == 0
+
+    builder = ResponseBuilder(response_skeleton(), new_id=counter_ids(), coalesce=True)
+    builder.created()
+    builder.open_message()
+    writer.pull = builder.take
+    for token, word in enumerate([" a", " b"], start=200):
+        builder.append(word)
+        writer.push((), [token])  # in flight: the text stays in the builder, the token counts
+    assert writer.backlog == 2 and backlog.total == 2
+    store.settle(1)
+    await asyncio.sleep(0)
+    assert backlog.total == 0 and writer.backlog == 0
+    writer.close()
+    assert backlog.total == 0
 
 
 async def test_drain_waits_until_nothing_is_in_flight_and_next_commit_for_the_next_commit() -> None:
