@@ -9,8 +9,8 @@ thread of :mod:`persistence.sqlite_writer` (plain ``sqlite3``); on PostgreSQL it
 asyncpg connection under a pooled SQLAlchemy connection, with the inserts as binary ``COPY``
 (a 500-event commit 5.6 -> 3.4 ms, 9.5 -> 5.5 us of PostgreSQL CPU per row against
 ``executemany``; SQLAlchemy added ~0.3 ms per statement on top), except a commit of this
-replica's own logs (a stream's steps, new responses, their ends) of up to
-``_ONE_STATEMENT_MAX_ROWS`` rows: one statement, its own transaction, in one round trip
+replica's own logs (a stream's steps, new responses, their ends) whose values take up to
+``_ONE_STATEMENT_MAX_BYTES``: one statement, its own transaction, in one round trip
 (``SqlStore._one_statement``).
 Reads use SQLAlchemy on both.
 
@@ -143,11 +143,15 @@ _CONSTRAINT = (IntegrityError, sqlite3.IntegrityError, asyncpg.IntegrityConstrai
 #: input items, audit records and item index entries are a few rows each).
 _COPY_MIN_ROWS = 32
 #: PostgreSQL: a commit of this replica's own logs (``SqlStore._one_statement``) is one
-#: statement up to this many rows. Measured (bench/RESULTS.md, twelfth session): paced, 256
-#: streams, a commit holds ~256 rows and one round trip instead of four raised tokens/s ~5%;
-#: unpaced, a commit holds ~3,300 rows (16 streams, the median) and the statement's ``unnest``
-#: cost the database ~1 µs a row more than ``COPY``, which lowered tokens/s by 5-15%.
-_ONE_STATEMENT_MAX_ROWS = 1024
+#: statement while its values (each column one text, ``_column_value``) take up to this many
+#: bytes (characters) together: PostgreSQL refuses a text of 1 GB, and a message that large
+#: would hold the connection's buffers; a larger batch goes as ``COPY``, which streams. Any
+#: number of rows: the statement's ``unnest`` costs the database ~1-2 µs a row more than
+#: ``COPY``, but ``COPY`` takes three round trips more, each of which waits for a busy event
+#: loop to come round (a turn of 256 unpaced streams is ~60 ms): measured in the twenty-first
+#: session, unpaced 256 streams, 1,024 rows at most (the twelfth session's limit) against any
+#: number, bench/RESULTS.md.
+_ONE_STATEMENT_MAX_BYTES = 64 << 20
 #: A replica id that may go into SQL text as it is (``SqlStore._begin``).
 _PLAIN_ID = re.compile(r"[A-Za-z0-9_]{1,64}")
 # First pause between retries of a commit the database did not take, doubled up to the cap.
@@ -906,8 +910,8 @@ class SqlStore:
         with the lock; each table's rows, one ``executemany`` or ``COPY``'s two; the UPDATE;
         COMMIT), each of which waits for a busy event loop to come round: when every log the
         batch appends to is one this replica last checked at its row's ``fence`` value
-        (``_fence``'s shortcut for all of them) or one it creates in the batch, and the batch
-        holds no more than ``_ONE_STATEMENT_MAX_ROWS`` rows, one statement, a transaction of its
+        (``_fence``'s shortcut for all of them) or one it creates in the batch, and the batch's
+        values take no more than ``_ONE_STATEMENT_MAX_BYTES``, one statement, a transaction of its
         own, share-locks the row if ``fence`` still holds that value and only then writes every
         row (``_Statements.fenced``). Returns the plan it committed; None when the batch is not
         such a batch, or the fence moved (nothing was written: the full transaction follows
@@ -918,20 +922,15 @@ class SqlStore:
         me = replica[0].id
         known = self._fenced_at
         created: set[str] = set()
-        rows = 0
         for write in batch:
             if isinstance(write, _Create):
                 if write.owner != me:  # (a store's creates are its own; the long way says why not)
                     return None
                 created.add(write.response_id)
-                rows += 1 + len(write.items)
                 continue
             rid = write.response_id  # an audit record's log is not fenced (as in ``_fence``)
             if type(write) is _Append and known.get(rid) != seen and rid not in created:
                 return None
-            rows += len(write.rows)
-        if rows > _ONE_STATEMENT_MAX_ROWS:
-            return None
         planned = dict(tails)  # (the plan advances them; kept only if the statement commits)
         # no epochs to check: every appended log's was this store's when the row held ``seen``
         # (as in ``_fence``'s shortcut) or is new, and the statement writes only while it holds
@@ -939,6 +938,8 @@ class SqlStore:
         if not plan.statements:  # every write refused: the full path says so
             return None
         sql, columns = self._sql.fenced(plan.statements)
+        if sum(map(_value_size, columns)) > _ONE_STATEMENT_MAX_BYTES:
+            return None  # (nothing was written: the full transaction plans it again)
         self._last_plan = plan  # (a retry after a lost answer looks for it in the log)
         if not await raw.fetchval(sql, me, seen, *columns):
             self._last_plan = None
@@ -1843,6 +1844,14 @@ def _column_value(pg_type: str, column: tuple[Any, ...]) -> tuple[str, Any]:
     except TypeError:  # a NULL (or a value of another type) among them
         pass
     return "array", list(column)
+
+
+def _value_size(value: Any) -> int:
+    """A one-statement commit's column value's size: a joined text's length, or its elements'
+    (an array, ``_column_value``'s last resort)."""
+    if isinstance(value, str):
+        return len(value)
+    return sum(len(v) if isinstance(v, str | bytes) else 8 for v in value)
 
 
 #: A column's parameter as an array in the one-statement commit, by its form (``_column_value``).

@@ -11,12 +11,12 @@ import asyncpg
 import pytest
 from sqlalchemy import event, text
 
+from persistence import sql
 from persistence.doorbell import PgDoorbell
 from persistence.errors import Fenced, NotFound
 from persistence.memory import MemoryStore
 from persistence.records import AuditRecord, NewResponse, Replica
 from persistence.sql import (
-    _ONE_STATEMENT_MAX_ROWS,
     _OWN_FENCE,
     SqlStore,
     _column_value,
@@ -255,9 +255,9 @@ async def test_a_leased_replicas_commit_is_one_statement_once_it_knows_its_fence
     change they make), or the terminal events with the row's change and audit records. After a
     claim bumps the fence that statement writes nothing, and the commit goes the long way: BEGIN
     with the lock, whose check fails too, the row read as before; the log that was claimed is
-    fenced out, the other one goes on. The first commit (the fence not yet read), and one of more
-    than ``_ONE_STATEMENT_MAX_ROWS`` rows, are BEGIN, their statements (``COPY`` for many rows),
-    COMMIT."""
+    fenced out, the other one goes on. Any number of rows goes as one statement; the first commit
+    (the fence not yet read), and one whose values take more than ``_ONE_STATEMENT_MAX_BYTES``,
+    are BEGIN, their statements (``COPY`` for many rows), COMMIT."""
     a = await _leased(clean_postgres_url, "rep_a")
     b = await _leased(clean_postgres_url, "rep_b")
     statements: list[str] = []
@@ -311,9 +311,15 @@ async def test_a_leased_replicas_commit_is_one_statement_once_it_knows_its_fence
         await a.append(kept.id, [delta(seq) for seq in range(3, 43)], 3)
         assert statements == [one]
         statements.clear()
-        end = 43 + _ONE_STATEMENT_MAX_ROWS + 1
-        await a.append(kept.id, [delta(seq) for seq in range(43, end)], 43)  # COPY's, many rows
+        await a.append(kept.id, [delta(seq) for seq in range(43, 2043)], 43)  # 2,000 rows
+        assert statements == [one]
+        statements.clear()
+        limit = sql._ONE_STATEMENT_MAX_BYTES
+        monkeypatch.setattr(sql, "_ONE_STATEMENT_MAX_BYTES", 4000)  # 40 deltas take more
+        end = 2043 + 40
+        await a.append(kept.id, [delta(seq) for seq in range(2043, end)], 2043)
         assert [s.split(" ")[0] for s in statements] == ["BEGIN;", "COPY", "COMMIT"]
+        monkeypatch.setattr(sql, "_ONE_STATEMENT_MAX_BYTES", limit)
 
         assert await b.claim(claimed.id, "rep_a", "rep_b") == 1
         statements.clear()
