@@ -286,8 +286,9 @@ class Metrics:
         )
         yield _counter(
             "ledger_one_trip_commits",
-            "PostgreSQL commits made in one statement, one round trip: a batch of up to 1,024 "
-            "rows of this replica's own logs (a stream's steps, new responses, their ends).",
+            "PostgreSQL commits made in one statement, one round trip: a batch of this "
+            "replica's own logs (a stream's steps, new responses, their ends) whose values take "
+            "up to 64 MiB.",
             getattr(store, "one_trip_commits", 0),
         )
         yield _gauge(

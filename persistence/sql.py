@@ -146,11 +146,11 @@ _COPY_MIN_ROWS = 32
 #: statement while its values (each column one text, ``_column_value``) take up to this many
 #: bytes (characters) together: PostgreSQL refuses a text of 1 GB, and a message that large
 #: would hold the connection's buffers; a larger batch goes as ``COPY``, which streams. Any
-#: number of rows: the statement's ``unnest`` costs the database ~1-2 µs a row more than
+#: number of rows: the statement's ``unnest`` costs the database 2-5 µs a row more than
 #: ``COPY``, but ``COPY`` takes three round trips more, each of which waits for a busy event
-#: loop to come round (a turn of 256 unpaced streams is ~60 ms): measured in the twenty-first
-#: session, unpaced 256 streams, 1,024 rows at most (the twelfth session's limit) against any
-#: number, bench/RESULTS.md.
+#: loop to come round (a turn of 256 unpaced streams is 40-60 ms). Measured side by side in the
+#: twenty-first session against the twelfth's limit of 1,024 rows (bench/RESULTS.md): 256 paced
+#: streams' p99 halved (the boundaries' big commits), unpaced tokens/s within noise.
 _ONE_STATEMENT_MAX_BYTES = 64 << 20
 #: A replica id that may go into SQL text as it is (``SqlStore._begin``).
 _PLAIN_ID = re.compile(r"[A-Za-z0-9_]{1,64}")
