@@ -50,7 +50,7 @@ import tempfile
 import time
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -569,9 +569,11 @@ def _measure(
     lg_self0 = _children_cpu_s()
     if config.profile_dir is not None:
         os.kill(server.pid, signal.SIGUSR1)  # bench.profiled: profile from now on
-    sampler = _start_sampler(server, workdir / "server.samples") if config.sample_dir else None
-
-    try:
+    with (
+        _sampling(server.pid, workdir / "server.samples")
+        if config.sample_dir
+        else contextlib.nullcontext()
+    ):
         report = _run_loadgen(
             config,
             target,
@@ -581,13 +583,6 @@ def _measure(
             times_dir,
             workdir / f"loadgen-{concurrency}-{rep}.json",
         )
-    except BaseException:
-        if sampler is not None:  # not left sampling a server the run gives up on
-            sampler.kill()
-            sampler.wait()
-        raise
-    if sampler is not None:
-        _stop_sampler(sampler, workdir / "server.samples")
     busy1, window1 = _system_busy_s(), time.monotonic()
     lg_self1 = _children_cpu_s()
     kernel1: dict[int, int] = {}
@@ -650,12 +645,26 @@ def _measure(
     return result
 
 
-def _start_sampler(server: _Server, out: Path) -> subprocess.Popen[bytes]:
-    """``py-spy record`` against the server until ``_stop_sampler`` (``bench.samples``)."""
+@contextlib.contextmanager
+def _sampling(pid: int, out: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """``py-spy record`` against the server ``pid`` for the ``with`` block (``bench.samples``):
+    its stacks written to ``out`` when the block ends, the sampler killed if the block fails (not
+    left sampling a server the run gives up on)."""
+    proc = _start_sampler(pid, out)
+    try:
+        yield proc
+    except BaseException:
+        proc.kill()
+        proc.communicate()  # (and its stderr pipe closed)
+        raise
+    _stop_sampler(proc, out)
+
+
+def _start_sampler(pid: int, out: Path) -> subprocess.Popen[bytes]:
     exe = samples.py_spy()
     if exe is None:
         raise RuntimeError("--sample needs py-spy (pip install py-spy; `make setup-test` does)")
-    argv = [exe, "record", "--pid", str(server.pid), "--rate", str(samples.RATE)]
+    argv = [exe, "record", "--pid", str(pid), "--rate", str(samples.RATE)]
     argv += ["--format", "raw", "--full-filenames", "--nonblocking", "--output", str(out)]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     time.sleep(0.5)  # it attaches, or says why not

@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 
+from bench import harness
 from bench.samples import GENERATED, NO_FRAME, Sampled, count, load_dir, py_spy, render
 from bench.targets import REPO_ROOT
 
@@ -104,3 +106,26 @@ def test_profile_and_sample_are_one_at_a_time(tmp_path):
     )  # fmt: skip
     assert proc.returncode == 2
     assert "--profile and --sample" in proc.stderr
+
+
+def test_a_run_that_fails_leaves_no_sampler_behind(tmp_path):
+    """The sampler the harness starts for a measured run is killed when the run fails (the load
+    generator, say), not left sampling a server the run gives up on; one whose run ends writes
+    its stacks."""
+    assert py_spy() is not None, "py-spy is a test dependency (pyproject.toml)"
+    busy = "while True: sum(range(1000))"  # (py-spy leaves out an idle one's stacks)
+    server = subprocess.Popen([sys.executable, "-c", busy])
+    try:
+        with (
+            pytest.raises(RuntimeError, match="the load generator failed"),
+            harness._sampling(server.pid, tmp_path / "failed.txt") as sampler,
+        ):
+            raise RuntimeError("the load generator failed")
+        assert sampler.poll() is not None  # gone, not sampling
+        assert not (tmp_path / "failed.txt").exists()
+        with harness._sampling(server.pid, tmp_path / "kept.txt") as sampler:
+            time.sleep(0.5)
+        assert sampler.returncode == 0 and (tmp_path / "kept.txt").stat().st_size > 0
+    finally:
+        server.kill()
+        server.wait()
