@@ -16,7 +16,6 @@ import re
 from collections.abc import AsyncIterator
 from typing import Any
 
-from sse_starlette import EventSourceResponse
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -33,6 +32,7 @@ from app.logs import RUN
 from app.metrics import CONTENT_TYPE, Metrics
 from app.ownership import caller_of, scoped
 from app.service import ResponseService
+from app.sse import EventStream
 from app.ui import routes as ui_routes
 from app.websocket import routes as websocket_routes
 from app.wire import CreateResponse
@@ -63,39 +63,6 @@ def _response_id(request: Request) -> str:
     return ident
 
 
-class _EventStream(EventSourceResponse):
-    """sse-starlette (pinned 3.7.0) wraps every chunk's send in an anyio cancel scope for its
-    optional per-send timeout. We set no such timeout, and when an engine paces tokens slowly
-    every token is its own chunk, so the scope was a measurable part of each token's cost: without
-    a timeout the chunk is sent directly.
-
-    A stuck client is handled by the transport (``app.transport``): a connection whose client
-    reads nothing for ``send_stall_s`` is closed. A ``live`` stream (the creating POST's: every
-    batch it sends is published to it whether it sends or not, so while its send waits they pile
-    up in its subscription) does not wait for its client at all: it sends through
-    ``transport.bounded_send``, which queues up to ``send_buffer_bytes`` in the transport and
-    closes the connection beyond that; the disconnect ends the stream and its subscription."""
-
-    def __init__(self, *args: Any, live: bool = False, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.live = live
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        await super().__call__(
-            scope, receive, transport.bounded_send(scope, send) if self.live else send
-        )
-
-    async def _send_with_timeout(self, send: Any, message: Any) -> None:
-        if self.send_timeout is None:
-            await send(message)
-        else:
-            await super()._send_with_timeout(send, message)
-
-
-def _sse(frames: AsyncIterator[bytes], *, live: bool = False) -> EventSourceResponse:
-    return _EventStream(frames, ping=15, headers={"Cache-Control": "no-cache"}, live=live)
-
-
 async def create_response(request: Request) -> Response:
     service = _service(request)
     body = await json_body(request, service.settings.max_body_bytes)
@@ -114,7 +81,7 @@ async def create_response(request: Request) -> Response:
         if not run.published:
             raise _run_failure(run, "The response could not be stored.")
         if create.stream:
-            return _sse(_live_stream(service, run, request.scope), live=True)
+            return EventStream(_live_stream(service, run, request.scope), live=True)
         return JSONResponse(run.created_response)
     await run.finished.wait()
     if run.final_response is None:
@@ -221,7 +188,7 @@ async def get_response(request: Request) -> Response:
         take_stream(request)
         if service.metrics.enabled:
             service.metrics.resumes.inc()
-        return _sse(service.stream(response_id, after if after is not None else -1))
+        return EventStream(service.stream(response_id, after if after is not None else -1))
     return JSONResponse(await service.get(response_id))
 
 
