@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import time
 from pathlib import Path
@@ -492,3 +493,56 @@ def test_resuming_a_live_response_sends_each_event_once() -> None:
     assert seqs == list(range(1, len(seqs) + 1))  # nothing twice, nothing missing
     assert events[-1]["type"] == "response.completed"
     assert sum(e["type"] == "response.output_text.delta" for e in events) >= 100
+
+
+def test_finished_responses_leave_nothing_for_the_collector(
+    client: OpenAI, ledger: RunningServer, engine: ScriptedEngine
+) -> None:
+    """A response that ends is freed as it ends (reference counts), not left in a cycle for the
+    collector: with 256 paced streams, each wave of ended responses made one young-generation
+    collection stop the event loop for 55-90 ms (``app.sse``: sse-starlette's cancelled tasks
+    held each stream, its run and its connection). Streamed through the SDK, created without a
+    stream, read again as a stream, and over a WebSocket: none of these responses' runs is in
+    what a collection finds unreachable. (Only these: another test's stream cut short may leave
+    its own cancelled task's cycle at any moment.)"""
+    from app.live import Run
+
+    gc.collect()
+    gc.disable()
+    try:
+        ids = []
+        for _ in range(3):
+            engine.add_turns({"completion": harmony(("final", "one two three"))})
+            with client.responses.create(model=MODEL, input="count", stream=True) as stream:
+                events = list(stream)
+            assert events[-1].type == "response.completed"
+            ids.append(events[-1].response.id)
+            engine.add_turns({"completion": harmony(("final", "four five"))})
+            plain = client.responses.create(model=MODEL, input="count")
+            assert plain.status == "completed"
+            ids.append(plain.id)
+        for response_id in ids[::2]:
+            again = httpx.get(
+                f"{ledger.base_url}/v1/responses/{response_id}",
+                params={"stream": "true"},
+                timeout=60,
+            )
+            assert sse_events(again.content)[-1]["type"] == "response.completed"
+        with client.responses.connect() as connection:  # WebSocket mode (``app.websocket``)
+            for _ in range(3):
+                engine.add_turns({"completion": harmony(("final", "six seven"))})
+                connection.response.create(model=MODEL, input="count")
+                for event in connection:
+                    if event.type in ("response.completed", "error"):
+                        break
+                assert event.type == "response.completed"
+                ids.append(event.response.id)
+        time.sleep(0.2)  # (the server's thread finishes its streams' last callbacks)
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        gc.collect()
+        left = [o.id for o in gc.garbage if isinstance(o, Run) and o.id in ids]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert len(ids) == 9 and left == []
