@@ -1,9 +1,10 @@
 """HTTP routes: ``/v1/responses`` and friends, over Starlette and sse-starlette.
 
 Streams are written as pre-built SSE bytes: each chunk is every frame that one commit made
-durable, so a connection costs one socket write per commit, not one per token. sse-starlette
-owns the response (its start, keep-alive comments on idle streams, the client's disconnect, the
-end) and passes ``bytes`` through untouched. A creating POST's live stream sends only its first
+durable, so a connection costs one socket write per commit, not one per token. ``app.sse``'s
+``EventStream`` (sse-starlette's response without its task group) owns the response (its start,
+keep-alive comments on idle streams, the client's disconnect, shutdown, the end) and passes
+``bytes`` through untouched. A creating POST's live stream sends only its first
 and last chunks through it: the chunks between are written to the connection by the commits
 that make them durable (``_live_stream``, ``transport.body_writer``).
 """
