@@ -155,9 +155,9 @@ class _Lifetime:
         _get_shutdown_state().events.discard(cast(Any, self))
         watcher = self.watcher
         if watcher is not None and not self.completed and not watcher.done():
-            # Cut short or failed before the response's end: nothing may answer the watcher's
-            # read until the server closes the connection (httpx's ASGI transport never does),
-            # so it is stopped here (only here is anything cancelled when no stream was cut).
+            # Cut short, or the body failed, before the response's end: nothing may answer the
+            # watcher's read until the server closes the connection (httpx's ASGI transport
+            # never does), so it is stopped here. A stream that completes cancels nothing.
             watcher.cancel()
 
     def set(self) -> None:
