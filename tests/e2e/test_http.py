@@ -450,7 +450,10 @@ def test_a_paced_response_takes_no_commit_of_its_own_but_its_first(tmp_path: Pat
     transactions, _, _ = _commits_of_one_response(tmp_path, script)
     # <|channel|> and "final" make no event; <|message|>, the four words and <|return|> do
     assert steps == 8
-    assert transactions == 1 + (steps - 2)
+    # At most one commit a step that makes events, plus the opening one: never one of their own
+    # for in_progress or the end (df0f60f took 9). Fewer when a commit outlasts a step (a disk
+    # that stalls over 100 ms: the next step's events then share the next commit; CI saw 6).
+    assert 2 <= transactions <= 1 + (steps - 2)
 
 
 class _HesitantStore(MemoryStore):
