@@ -92,15 +92,11 @@ class EventStream(EventSourceResponse):
             await self.background()
 
     async def _send_with_timeout(self, send: Send, message: Any) -> None:
-        if self.send_timeout is None:
-            await send(message)
-        else:
-            await super()._send_with_timeout(send, message)
+        await send(message)  # (no send timeout: ``__init__`` takes none)
 
     def ping_frame(self) -> bytes:
-        """The keep-alive comment, as sse-starlette's ``_ping`` makes it."""
-        if self.ping_message_factory is not None:
-            return ensure_bytes(self.ping_message_factory(), self.sep)
+        """The keep-alive comment, as sse-starlette's ``_ping`` makes it (no message factory:
+        ``__init__`` takes none)."""
         return ensure_bytes(
             ServerSentEvent(comment=f"ping - {datetime.now(UTC)}", sep=self.sep),
             self.sep,

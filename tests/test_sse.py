@@ -79,6 +79,14 @@ async def _until(condition: Callable[[], bool]) -> None:
             await asyncio.sleep(0.01)
 
 
+async def _held(client: _Client) -> tuple[_Frames, asyncio.Task[None]]:
+    """A stream that sent its one frame and holds (its iterator waits), served in a task."""
+    frames = _Frames(b"data: a\n\n", hold=True)
+    call = asyncio.create_task(EventStream(frames())(_SCOPE, client.receive, client.send))
+    await _until(lambda: len(client.bodies()) >= 1)
+    return frames, call
+
+
 def _tasks() -> set[asyncio.Task[Any]]:
     return {t for t in asyncio.all_tasks() if t.get_name().startswith("app.sse.")}
 
@@ -96,9 +104,7 @@ async def test_a_stream_sends_its_frames_and_ends_with_nothing_left_running() ->
 
 async def test_a_disconnect_cuts_the_stream_and_closes_its_iterator() -> None:
     client = _Client()
-    frames = _Frames(b"data: a\n\n", hold=True)
-    call = asyncio.create_task(EventStream(frames())(_SCOPE, client.receive, client.send))
-    await _until(lambda: len(client.bodies()) >= 1)
+    frames, call = await _held(client)
     client.gone.set()  # the client went away mid-stream
     await asyncio.wait_for(call, 5)  # the call returns: it is not an error of the server's
     assert frames.closed.is_set()
@@ -130,9 +136,7 @@ async def test_a_silent_stream_is_pinged_and_a_refused_ping_ends_it(
 
 async def test_shutdown_cuts_every_stream() -> None:
     client = _Client()
-    frames = _Frames(b"data: a\n\n", hold=True)
-    call = asyncio.create_task(EventStream(frames())(_SCOPE, client.receive, client.send))
-    await _until(lambda: len(client.bodies()) >= 1)
+    frames, call = await _held(client)
     AppStatus.should_exit = True  # what uvicorn's exit signal sets (sse-starlette's watcher)
     try:
         await asyncio.wait_for(call, 5)
@@ -161,9 +165,7 @@ async def test_a_failing_iterator_raises_and_leaves_no_task_behind() -> None:
 
 async def test_a_cancellation_from_outside_is_not_swallowed() -> None:
     client = _Client()
-    frames = _Frames(b"data: a\n\n", hold=True)
-    call = asyncio.create_task(EventStream(frames())(_SCOPE, client.receive, client.send))
-    await _until(lambda: len(client.bodies()) >= 1)
+    frames, call = await _held(client)
     call.cancel()
     with pytest.raises(asyncio.CancelledError):
         await call
@@ -218,15 +220,20 @@ async def test_streams_that_end_leave_no_cycle_for_the_collector() -> None:
     assert await _garbage_of_streams(EventStream) == []
 
 
-async def test_a_client_that_hangs_up_over_a_real_socket_closes_the_stream() -> None:
+async def test_a_silent_stream_over_a_real_socket_is_pinged_and_a_hang_up_closes_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(sse, "PING_S", 0.05)
     streams: list[_Frames] = []
     async with serve_in_loop(_app(EventStream, streams)) as url:
         async with (
             httpx.AsyncClient() as http,
             http.stream("GET", url, params={"hold": "1"}) as answer,
         ):
+            read = b""
             async for chunk in answer.aiter_bytes():
-                if b"data: b" in chunk:
-                    break
+                read += chunk
+                if b"data: b" in read and b"\n: ping - " in read.split(b"data: b", 1)[1]:
+                    break  # a keep-alive comment after the frames, then the client hangs up
         await asyncio.wait_for(streams[0].closed.wait(), 5)
         assert not _tasks()
