@@ -26,7 +26,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from bench import cpu_split, samples
+from bench import cpu_split, samples, turns
 from bench.harness import (
     MatrixConfig,
     machine_info,
@@ -150,6 +150,14 @@ def _parser() -> argparse.ArgumentParser:
         "the stacks in DIR and print where the CPU went, in µs a token (bench.samples)",
     )
     run.add_argument(
+        "--turns",
+        type=Path,
+        metavar="DIR",
+        help="time each measured run's event-loop turns and group commits in the server (on "
+        "asyncio's loop, not uvloop), keep them in DIR with the deltas' latency and print where "
+        "the slow deltas were (bench.turns)",
+    )
+    run.add_argument(
         "--write-results",
         nargs="?",
         type=Path,
@@ -171,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     if args.command == "run" and args.profile is not None and args.sample is not None:
         parser.error("--profile and --sample: one at a time (cProfile's cost would be sampled)")
+    if args.command == "run" and args.turns is not None and args.profile is not None:
+        parser.error("--turns and --profile: one at a time (each wraps the server)")
     if args.command == "run" and (args.rounds < 1 or args.reps < 1):
         parser.error("--rounds and --reps take 1 or more")
     targets = default_targets()
@@ -205,6 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         keep_workdirs=args.keep_workdirs,
         profile_dir=args.profile,
         sample_dir=args.sample,
+        turns_dir=args.turns,
         history=args.history,
     )
     command = shlex.join(["python", "-m", "bench", *(sys.argv[1:] if argv is None else argv)])
@@ -222,6 +233,11 @@ def main(argv: list[str] | None = None) -> int:
         if sampled:
             print()
             print(samples.render(sampled))
+    if args.turns is not None:
+        timed = turns.load_dir(args.turns)
+        if timed:
+            print()
+            print(turns.render(timed))
     if args.json:
         args.json.write_text(to_json(results, summaries, config, command, info))
     if args.write_results:

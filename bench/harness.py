@@ -67,6 +67,7 @@ from bench.targets import (
     render_argv,
     server_env,
 )
+from bench.turns import LATENCY_SAMPLES
 
 __all__ = [
     "MatrixConfig",
@@ -127,6 +128,10 @@ class MatrixConfig:
     #: here, ``<target>-c<C>-round<R>-rep<K>.txt`` with a ``.json`` of the run's tokens and
     #: server CPU. Unlike ``profile_dir``, the runs' figures stay the server's own.
     sample_dir: Path | None = None
+    #: Time every measured run's event-loop turns and group commits in the server
+    #: (``bench.turns``, on asyncio's own loop) and keep each run's record here,
+    #: ``<target>-c<C>-round<R>-rep<K>.json``, with its deltas' latency samples.
+    turns_dir: Path | None = None
     #: The ledger's database holds this many finished responses before its server starts
     #: (``bench.sweeps.fill``, then ``ANALYZE``): what a server in service has stored, for
     #: the costs that grow with it (the periodic sweeps, the planners' choices).
@@ -518,6 +523,8 @@ def _run_loadgen(
         argv += ["--token-times-dir", str(times_dir), "--token-offset", str(target.token_offset)]
     if config.max_run_seconds:
         argv += ["--max-seconds", str(config.max_run_seconds)]
+    if config.turns_dir is not None and times_dir is not None:
+        argv += ["--samples", str(LATENCY_SAMPLES)]  # the deltas over the run (bench.turns)
     if config.stagger and config.token_delay_ms:
         argv += ["--stagger-seconds", str(config.tokens * config.token_delay_ms / 1000)]
     proc = subprocess.Popen(
@@ -567,8 +574,8 @@ def _measure(
     cpu0 = _tree_cpu_s(server.pid, kernel0)
     busy0, window0 = _system_busy_s(), time.monotonic()
     lg_self0 = _children_cpu_s()
-    if config.profile_dir is not None:
-        os.kill(server.pid, signal.SIGUSR1)  # bench.profiled: profile from now on
+    if config.profile_dir is not None or config.turns_dir is not None:
+        os.kill(server.pid, signal.SIGUSR1)  # bench.profiled, bench.turns: from now on
     with (
         _sampling(server.pid, workdir / "server.samples")
         if config.sample_dir
@@ -642,6 +649,8 @@ def _measure(
         _keep_run_file(
             config.sample_dir, workdir / "server.samples", ".txt", result, server_cpu_s=server_s
         )
+    if config.turns_dir is not None:
+        _keep_turns(config.turns_dir, server, workdir / "server.turns", result, report)
     return result
 
 
@@ -711,23 +720,43 @@ def _keep_run_file(
     (directory / f"{name}.json").write_text(json.dumps(meta))
 
 
-def _profiled_argv(argv: Sequence[str], out: Path) -> list[str]:
-    """A server's ``python (-m MODULE | -c CODE) ARGS`` run under ``bench.profiled``."""
+def _wrapped_argv(argv: Sequence[str], wrapper: str, out: Path) -> list[str]:
+    """A server's ``python (-m MODULE | -c CODE) ARGS`` run under ``wrapper`` (``bench.profiled``
+    or ``bench.turns``), which writes ``out`` on SIGUSR2."""
     python, *rest = argv
-    return [python, "-m", "bench.profiled", str(out), "--", *rest]
+    return [python, "-m", wrapper, str(out), "--", *rest]
 
 
-def _keep_profile(directory: Path, server: _Server, written: Path, result: RunResult) -> None:
-    """Stop the server's profile (``bench.profiled`` writes it on SIGUSR2) and keep it, with
-    what ``bench.cpu_split`` needs to know of the run, under ``directory``."""
+def _signalled(server: _Server, written: Path, what: str) -> None:
+    """Send the server's wrapper SIGUSR2 and wait for the file it then writes."""
     written.unlink(missing_ok=True)
     os.kill(server.pid, signal.SIGUSR2)
     deadline = time.monotonic() + 60
     while not written.exists():
         if time.monotonic() > deadline or server.proc.poll() is not None:
-            raise RuntimeError(f"the server wrote no profile: {server.log_tail()}")
+            raise RuntimeError(f"the server wrote no {what}: {server.log_tail()}")
         time.sleep(0.05)
+
+
+def _keep_profile(directory: Path, server: _Server, written: Path, result: RunResult) -> None:
+    """Stop the server's profile (``bench.profiled`` writes it on SIGUSR2) and keep it, with
+    what ``bench.cpu_split`` needs to know of the run, under ``directory``."""
+    _signalled(server, written, "profile")
     _keep_run_file(directory, written, ".prof", result)
+
+
+def _keep_turns(
+    directory: Path, server: _Server, written: Path, result: RunResult, report: dict[str, Any]
+) -> None:
+    """Stop the server's record of turns and commits (``bench.turns`` writes it on SIGUSR2) and
+    keep it under ``directory`` with the run's deltas' latency samples (yield time, ms)."""
+    _signalled(server, written, "record of turns")
+    record = json.loads(written.read_text())
+    record["latency"] = [[s["yield_ns"], s["ms"]] for s in report.get("latency_samples", [])]
+    name = f"{result.target}-c{result.concurrency}-round{result.round}-rep{result.rep}"
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / f"{name}.json").write_text(json.dumps(record))
+    written.unlink()
 
 
 def _children_cpu_s() -> float:
@@ -764,7 +793,9 @@ def _run_target(
         extra_env = {token_times.ENV_VAR: str(times_dir)} if times_dir is not None else {}
         command = render_argv(target, values)
         if config.profile_dir is not None:
-            command = _profiled_argv(command, workdir / "server.prof")
+            command = _wrapped_argv(command, "bench.profiled", workdir / "server.prof")
+        elif config.turns_dir is not None:
+            command = _wrapped_argv(command, "bench.turns", workdir / "server.turns")
         argv = _pinned(config.server_cpus, command, config.nice)
         config.log(f"[{target.name} C={concurrency}] {shlex.join(argv)}")
         server = _Server(argv, server_env(target, extra_env), workdir / "server.log")
