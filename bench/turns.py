@@ -164,6 +164,11 @@ def _pct(values: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+def _ms(value: float, digits: int = 1) -> str:
+    """A figure for the tables; "-" where there was nothing to take it from."""
+    return "-" if value != value else f"{value:.{digits}f}"
+
+
 class Run:
     """One kept run: its record and its deltas' latency samples ((yield ns, ms) pairs)."""
 
@@ -210,8 +215,8 @@ def render(runs: Sequence[Run]) -> str:
         mid = order[len(order) // 2 : len(order) // 2 + 1]
         lines.append(
             f"| {run.name} | {len(run.turns):,} | {sum(busy) * 1e6 / span:.0%} | "
-            f"{_pct(busy, 0.5):.2f} / {_pct(busy, 0.9):.2f} / {max(busy, default=0):.1f} | "
-            f"{len(walls):,} | {median:.1f} / {_pct(walls, 0.9):.1f} / {max(walls, default=0):.1f}"
+            f"{_ms(_pct(busy, 0.5), 2)} / {_ms(_pct(busy, 0.9), 2)} / {_ms(_pct(busy, 1))} | "
+            f"{len(walls):,} | {_ms(median)} / {_ms(_pct(walls, 0.9))} / {_ms(_pct(walls, 1))}"
             f" | {_kinds(run.kinds, mid)} | {_kinds(run.kinds, slow)} |"
         )
     lines += [
@@ -238,8 +243,8 @@ def render(runs: Sequence[Run]) -> str:
         slowest = [w for w, ms in placed if ms >= p99]
         in_busy = sum(1 for w in slowest if w in busy_w)
         lines.append(
-            f"| {run.name} | {len(busy_w)} of {len(windows)} | {_pct(calm, 0.5):.1f} / "
-            f"{_pct(hot, 0.5):.1f} | {p99:.1f} | {in_busy / max(1, len(slowest)):.0%} |"
+            f"| {run.name} | {len(busy_w)} of {len(windows)} | {_ms(_pct(calm, 0.5))} / "
+            f"{_ms(_pct(hot, 0.5))} | {_ms(p99)} | {in_busy / max(1, len(slowest)):.0%} |"
         )
     return "\n".join(lines)
 
