@@ -70,6 +70,14 @@ class Record:
         self.commits = array("q")
         self.commit_kinds: list[dict[str, int]] = []
 
+    def begin(self) -> None:
+        """Record from now on, from nothing (a run's record never holds the one before's)."""
+        self.turns = array("q")
+        self.commits = array("q")
+        self.commit_kinds = []
+        self.started_ns = time.monotonic_ns()
+        self.on = True
+
     def to_json(self) -> dict[str, Any]:
         return {
             "started_ns": self.started_ns,
@@ -134,8 +142,7 @@ def _wrap(argv: list[str]) -> None:
     install(record)
 
     def start(signum: int, frame: FrameType | None) -> None:
-        record.started_ns = time.monotonic_ns()
-        record.on = True
+        record.begin()
 
     def stop(signum: int, frame: FrameType | None) -> None:
         record.on = False

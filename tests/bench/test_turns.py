@@ -56,7 +56,7 @@ def test_the_wrapper_times_turns_and_commits_between_the_signals(tmp_path):
     out = tmp_path / "record.json"
     program = textwrap.dedent(
         """
-        import asyncio, os, signal, sys
+        import asyncio, json, os, signal, sys
         from persistence.group_commit import GroupCommit
 
         class Write:
@@ -83,24 +83,28 @@ def test_the_wrapper_times_turns_and_commits_between_the_signals(tmp_path):
                 await asyncio.gather(*(w.future for w in writes))
 
             await commit(Write)  # before the signal: not recorded
-            os.kill(os.getpid(), signal.SIGUSR1)
-            await asyncio.sleep(0.01)
-            await commit(Write, Write, Other)
-            await commit(Other)
-            os.kill(os.getpid(), signal.SIGUSR2)
-            await asyncio.sleep(0.01)
+            for kinds in ([Other], [Write, Write, Other]):  # two runs, one record each
+                os.kill(os.getpid(), signal.SIGUSR1)
+                await asyncio.sleep(0.01)
+                await commit(*kinds)
+                await commit(Other)
+                os.kill(os.getpid(), signal.SIGUSR2)
+                await asyncio.sleep(0.01)
+                with open(sys.argv[1]) as f:
+                    print(len(json.load(f)["commit_kinds"]), flush=True)
             await commits.close()
 
         asyncio.run(main())
         """
     )
     proc = subprocess.run(
-        [sys.executable, "-m", "bench.turns", str(out), "--", "-c", program],
+        [sys.executable, "-m", "bench.turns", str(out), "--", "-c", program, str(out)],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.strip() == "True"  # uvicorn's auto loop would find no uvloop
-    record = json.loads(out.read_text())
+    # uvicorn's auto loop would find no uvloop; each run's record holds its own two commits
+    assert proc.stdout.split() == ["True", "2", "2"]
+    record = json.loads(out.read_text())  # the second run's
     assert record["commit_kinds"] == [{"Write": 2, "Other": 1}, {"Other": 1}]
     starts, walls = record["commits"][0::2], record["commits"][1::2]
     assert all(w >= 2 * _MS for w in walls)  # each flush slept 2 ms
