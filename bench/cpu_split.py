@@ -30,7 +30,6 @@ coroutine's every resumption counts as a call. Its timer is the wall clock: a ca
 
 from __future__ import annotations
 
-import argparse
 import collections
 import itertools
 import json
@@ -40,6 +39,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from bench.kept import show_dir
 
 __all__ = ["FREQUENT", "Split", "component", "load_dir", "render", "split"]
 
@@ -197,19 +198,15 @@ def render(profiles: Sequence[Profiled]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.cpu_split", description=__doc__.split("\n")[0]
+    return show_dir(
+        argv,
+        module="bench.cpu_split",
+        doc=__doc__,
+        option="--profile",
+        what="profiles",
+        load=load_dir,
+        render=render,
     )
-    parser.add_argument(
-        "directory", type=Path, help="where `python -m bench run --profile` wrote its profiles"
-    )
-    args = parser.parse_args(argv)
-    profiles = load_dir(args.directory)
-    if not profiles:
-        print(f"no profiles in {args.directory}", file=sys.stderr)
-        return 1
-    print(render(profiles))
-    return 0
 
 
 if __name__ == "__main__":

@@ -699,13 +699,18 @@ def _stop_sampler(proc: subprocess.Popen[bytes], out: Path) -> None:
         )
 
 
+def _run_name(result: RunResult) -> str:
+    """What a measured run's kept files are named: ``<target>-c<C>-round<R>-rep<K>``."""
+    return f"{result.target}-c{result.concurrency}-round{result.round}-rep{result.rep}"
+
+
 def _keep_run_file(
     directory: Path, written: Path, suffix: str, result: RunResult, **extra: Any
 ) -> None:
     """Keep a measured run's file (a profile, samples) under ``directory`` as
     ``<target>-c<C>-round<R>-rep<K><suffix>``, with a ``.json`` of the run beside it: what
     ``bench.cpu_split`` and ``bench.samples`` need to know of it."""
-    name = f"{result.target}-c{result.concurrency}-round{result.round}-rep{result.rep}"
+    name = _run_name(result)
     directory.mkdir(parents=True, exist_ok=True)
     shutil.move(written, directory / f"{name}{suffix}")
     meta = {
@@ -753,9 +758,8 @@ def _keep_turns(
     _signalled(server, written, "record of turns")
     record = json.loads(written.read_text())
     record["latency"] = [[s["yield_ns"], s["ms"]] for s in report.get("latency_samples", [])]
-    name = f"{result.target}-c{result.concurrency}-round{result.round}-rep{result.rep}"
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / f"{name}.json").write_text(json.dumps(record))
+    (directory / f"{_run_name(result)}.json").write_text(json.dumps(record))
     written.unlink()
 
 

@@ -32,7 +32,6 @@ process (root, or ``kernel.yama.ptrace_scope`` 0).
 
 from __future__ import annotations
 
-import argparse
 import collections
 import json
 import re
@@ -44,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.cpu_split import component
+from bench.kept import show_dir
 
 __all__ = ["GENERATED", "NO_FRAME", "RATE", "Sampled", "count", "load_dir", "py_spy", "render"]
 
@@ -173,19 +173,15 @@ def render(sampled: Sequence[Sampled]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.samples", description=__doc__.split("\n")[0]
+    return show_dir(
+        argv,
+        module="bench.samples",
+        doc=__doc__,
+        option="--sample",
+        what="samples",
+        load=load_dir,
+        render=render,
     )
-    parser.add_argument(
-        "directory", type=Path, help="where `python -m bench run --sample` wrote its samples"
-    )
-    args = parser.parse_args(argv)
-    sampled = load_dir(args.directory)
-    if not sampled:
-        print(f"no samples in {args.directory}", file=sys.stderr)
-        return 1
-    print(render(sampled))
-    return 0
 
 
 if __name__ == "__main__":

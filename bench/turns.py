@@ -30,22 +30,20 @@ PostgreSQL 26.2 µs of server CPU a token against 25.0-27.5, SQLite 36.1 against
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import asyncio.base_events
 import asyncio.events
 import json
-import os
-import runpy
-import signal
 import sys
 import time
 from array import array
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
-from types import FrameType
 from typing import Any
+
+from bench.kept import show_dir
+from bench.profiled import run_wrapped
 
 __all__ = ["Record", "install", "load_dir", "main", "render"]
 
@@ -64,6 +62,9 @@ class Record:
         self.on = False
         self.started_ns = 0
         self.stopped_ns = 0
+        self._clear()
+
+    def _clear(self) -> None:
         # per turn: start (monotonic ns), wall ns, busy ns
         self.turns = array("q")
         # per commit: start (monotonic ns), wall ns, then its batch's kinds
@@ -72,9 +73,7 @@ class Record:
 
     def begin(self) -> None:
         """Record from now on, from nothing (a run's record never holds the one before's)."""
-        self.turns = array("q")
-        self.commits = array("q")
-        self.commit_kinds = []
+        self._clear()
         self.started_ns = time.monotonic_ns()
         self.on = True
 
@@ -135,30 +134,15 @@ def install(record: Record) -> None:
 
 
 def _wrap(argv: list[str]) -> None:
-    if len(argv) < 4 or argv[1] != "--" or argv[2] not in ("-m", "-c"):
-        raise SystemExit("usage: python -m bench.turns OUT -- (-m MODULE | -c CODE) ARGS...")
-    out, mode, what, args = argv[0], argv[2], argv[3], argv[4:]
     record = Record()
     install(record)
 
-    def start(signum: int, frame: FrameType | None) -> None:
-        record.begin()
-
-    def stop(signum: int, frame: FrameType | None) -> None:
+    def stop(path: str) -> None:
         record.on = False
         record.stopped_ns = time.monotonic_ns()
-        tmp = f"{out}.tmp"
-        Path(tmp).write_text(json.dumps(record.to_json()))
-        os.replace(tmp, out)
+        Path(path).write_text(json.dumps(record.to_json()))
 
-    signal.signal(signal.SIGUSR1, start)
-    signal.signal(signal.SIGUSR2, stop)
-    if mode == "-m":
-        sys.argv = [what, *args]
-        runpy.run_module(what, run_name="__main__", alter_sys=True)
-    else:
-        sys.argv = ["-c", *args]
-        exec(compile(what, "<string>", "exec"), {"__name__": "__main__"})  # our own command line
+    run_wrapped(argv, "bench.turns", record.begin, stop)
 
 
 # -- the tables ---------------------------------------------------------------------------------
@@ -273,15 +257,15 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) > 1 and args[1] == "--":
         _wrap(args)
         return 0
-    parser = argparse.ArgumentParser(prog="python -m bench.turns", description=__doc__)
-    parser.add_argument("directory", type=Path, help="a `bench run --turns` directory")
-    directory = parser.parse_args(args).directory
-    runs = load_dir(directory)
-    if not runs:
-        print(f"no records in {directory}", file=sys.stderr)
-        return 1
-    print(render(runs))
-    return 0
+    return show_dir(
+        args,
+        module="bench.turns",
+        doc=__doc__,
+        option="--turns",
+        what="records",
+        load=load_dir,
+        render=render,
+    )
 
 
 if __name__ == "__main__":

@@ -96,16 +96,20 @@ def test_a_sampled_run_keeps_each_servers_stacks_and_prints_the_split(tmp_path):
     assert "| **all** |" in proc.stdout
 
 
-def test_profile_and_sample_are_one_at_a_time(tmp_path):
+@pytest.mark.parametrize(
+    ("other", "refusal"),
+    [("--sample", "--profile and --sample"), ("--turns", "--turns and --profile")],
+)
+def test_profile_and_sample_or_turns_are_one_at_a_time(tmp_path, other, refusal):
     proc = subprocess.run(
         [
             sys.executable, "-m", "bench", "run", "--profile", str(tmp_path / "p"),
-            "--sample", str(tmp_path / "s"), "--target", "naive",
+            other, str(tmp_path / "s"), "--target", "naive",
         ],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert proc.returncode == 2
-    assert "--profile and --sample" in proc.stderr
+    assert refusal in proc.stderr
 
 
 def test_a_run_that_fails_leaves_no_sampler_behind(tmp_path):

@@ -12,12 +12,12 @@ import time
 import pytest
 
 from bench.targets import REPO_ROOT
-from bench.turns import WINDOW_NS, Run, load_dir, render
+from bench.turns import WINDOW_NS, load_dir, render
 
 _MS = 1_000_000
 
 
-def test_the_slow_deltas_are_placed_in_the_windows_where_the_loop_was_busy():
+def test_the_slow_deltas_are_placed_in_the_windows_where_the_loop_was_busy(tmp_path):
     start = 10 * WINDOW_NS
     # four windows: the loop busy 10 %, 90 %, 50 %, 95 % of each (one turn a window)
     shares = [0.1, 0.9, 0.5, 0.95]
@@ -28,26 +28,44 @@ def test_the_slow_deltas_are_placed_in_the_windows_where_the_loop_was_busy():
     latency = []
     for i, ms in enumerate([2.0, 30.0, 2.0, 40.0]):
         latency += [[start + i * WINDOW_NS + k * _MS, ms + k / 100] for k in range(100)]
-    run = Run(
-        "ledger-c4-round0-rep0",
-        {
-            "started_ns": start,
-            "stopped_ns": start + len(shares) * WINDOW_NS,
-            "turns": turns,
-            "commits": [start, 5 * _MS, start + _MS, 20 * _MS, start + 2 * _MS, 6 * _MS],
-            "commit_kinds": [{"_Append": 256}, {"_Append": 200, "_Create": 9}, {"_Append": 250}],
-            "latency": latency,
-        },
-    )
+    record = {
+        "started_ns": start,
+        "stopped_ns": start + len(shares) * WINDOW_NS,
+        "turns": turns,
+        "commits": [start, 5 * _MS, start + _MS, 20 * _MS, start + 2 * _MS, 6 * _MS],
+        "commit_kinds": [{"_Append": 256}, {"_Append": 200, "_Create": 9}, {"_Append": 250}],
+        "latency": latency,
+    }
+    # kept as the harness keeps it, printed as a developer prints it again
+    (tmp_path / "ledger-c4-round0-rep0.json").write_text(json.dumps(record))
+    [run] = load_dir(tmp_path)
     assert run.busy_by_window() == pytest.approx({0: 0.1, 1: 0.9, 2: 0.5, 3: 0.95})
-    table = render([run])
-    # 4 turns; busy 61 % of the load; commit p50 6 ms, max 20; the median commit 250 appends
-    assert (
-        "| ledger-c4-round0-rep0 | 4 | 61% | 90.00 / 95.00 / 95.0 | 3 | 6.0 / 20.0 / 20.0 | "
-        "250 appends | 200 appends, 9 new |"
-    ) in table
-    # two busy windows of four; p50 2.5 ms in the calm ones, 40 in the busy; the slowest, busy
-    assert "| ledger-c4-round0-rep0 | 2 of 4 | 2.5 / 40.0 | 41.0 | 100% |" in table
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.turns", str(tmp_path)],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    for table in (render([run]), proc.stdout):
+        # 4 turns; busy 61 % of the load; commit p50 6 ms, max 20; the median commit 250 appends
+        assert (
+            "| ledger-c4-round0-rep0 | 4 | 61% | 90.00 / 95.00 / 95.0 | 3 | 6.0 / 20.0 / 20.0 | "
+            "250 appends | 200 appends, 9 new |"
+        ) in table
+        # two busy windows of four; p50 2.5 ms in the calm ones, 40 in the busy; the slowest, busy
+        assert "| ledger-c4-round0-rep0 | 2 of 4 | 2.5 / 40.0 | 41.0 | 100% |" in table
+
+
+@pytest.mark.parametrize(
+    ("module", "what"),
+    [("bench.turns", "records"), ("bench.samples", "samples"), ("bench.cpu_split", "profiles")],
+)
+def test_a_directory_with_nothing_kept_prints_why_and_fails(tmp_path, module, what):
+    proc = subprocess.run(
+        [sys.executable, "-m", module, str(tmp_path)],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 1
+    assert f"no {what} in {tmp_path}" in proc.stderr
 
 
 def test_the_wrapper_times_turns_and_commits_between_the_signals(tmp_path):
@@ -152,15 +170,3 @@ def test_a_run_with_turns_keeps_each_servers_record_and_prints_the_tables(tmp_pa
         assert all(run.started_ns <= y <= run.stopped_ns for y, _ in run.samples)
     assert render(list(found.values())).splitlines()[0] in proc.stdout
     assert "| ledger-sqlite-c8-round0-rep0 |" in proc.stdout
-
-
-def test_turns_and_profile_are_one_at_a_time(tmp_path):
-    proc = subprocess.run(
-        [
-            sys.executable, "-m", "bench", "run", "--profile", str(tmp_path / "p"),
-            "--turns", str(tmp_path / "t"), "--target", "naive",
-        ],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
-    assert proc.returncode == 2
-    assert "--turns and --profile" in proc.stderr
