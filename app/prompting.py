@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-import os
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -25,6 +24,7 @@ from app.chunked_render import ChunkedEncoding, is_panic, text_size_over
 from app.conversations import Conversations
 from app.engines.protocol import Engine, EngineError, PromptTooLong, Sampling
 from app.errors import APIError
+from app.ids import new_id
 from app.logprobs import requested_logprobs
 from app.wire import CreateResponse
 from domain.compaction import split_trigger
@@ -35,16 +35,12 @@ from domain.truncation import Truncated, fit
 from persistence.errors import NotFound
 from persistence.store import EventStore
 
-__all__ = ["Prompts", "new_id", "normalize_input", "render_checked"]
+__all__ = ["Prompts", "normalize_input", "render_checked"]
 
 log = logging.getLogger(__name__)
 
 #: Prompts with more characters of text than this are rendered off the event loop.
 _LARGE_PROMPT_CHARS = 64 * 1024
-
-
-def new_id(prefix: str) -> str:
-    return f"{prefix}_{os.urandom(24).hex()}"
 
 
 def normalize_input(value: str | list[dict[str, Any]]) -> list[dict[str, Any]]:

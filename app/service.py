@@ -31,6 +31,7 @@ from app.drain import Drain
 from app.engines.protocol import Engine, EngineError, Sampling
 from app.errors import APIError, not_found
 from app.feed import ChunkFeed
+from app.ids import new_id
 from app.leases import new_replica
 from app.live import (
     Backlog,
@@ -43,7 +44,7 @@ from app.live import (
     stored_frames,
 )
 from app.metrics import Metrics
-from app.prompting import Prompts, new_id, normalize_input
+from app.prompting import Prompts, normalize_input
 from app.reasoning_crypto import ReasoningCipher
 from app.remote_cancel import RemoteCancels
 from app.repair import STORE_UNAVAILABLE, Repairs, store_unavailable_error
@@ -62,7 +63,7 @@ from persistence.errors import Fenced, NotFound, StoreError, StoreUnavailable
 from persistence.records import DEFAULT_PROJECT, AuditRecord, NewResponse, StoredEvent
 from persistence.store import REPLICAS_CHANNEL, EventStore
 
-__all__ = ["ResponseService", "new_id", "normalize_input"]
+__all__ = ["ResponseService", "normalize_input"]
 
 log = logging.getLogger(__name__)
 

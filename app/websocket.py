@@ -55,9 +55,10 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from app.contract import check_request
 from app.errors import APIError, to_api_error
+from app.ids import new_id
 from app.keys import Caller
 from app.limits import CALLER, KeyLimits
-from app.prompting import new_id, normalize_input
+from app.prompting import normalize_input
 from app.service import ResponseService
 from app.wire import CreateResponse
 

@@ -28,8 +28,9 @@ from typing import Any
 
 from app.encoding import load_encoding
 from app.engines.echo import EchoEngine
+from app.ids import new_id
 from app.reasoning_crypto import ReasoningCipher, new_key
-from app.service import ResponseService, new_id
+from app.service import ResponseService
 from app.settings import Settings
 from app.wire import CreateResponse
 from bench.reads import _store_response

@@ -36,7 +36,7 @@ from typing import Any
 import asyncpg
 
 from app import item_refs
-from app.service import new_id
+from app.ids import new_id
 from domain.builder import ResponseBuilder, Usage
 from domain.projections import payload, payload_json
 from persistence.conversations import ConversationRow
