@@ -11,11 +11,12 @@ Why the order matters: every table keyed by a response's or an item's id (the re
 events' ``(response_id, seq)`` key, input items, audit records, the item index) takes a new
 response's rows in a B-tree. Random ids put each new response on a leaf page of its own in each of
 them; ids in creation order put a commit's new responses side by side on the last leaves. SQLite
-writes a whole page to its WAL for each page a commit changes, so a 2-token response wrote
-several pages more than it needed to (bench/RESULTS.md, twenty-fourth session: SQLite's system
-CPU a response -27 %, the p99 of 64 streams of short responses 43-56 -> 24-29 ms); PostgreSQL
-logs rows, not pages, but a large table's random inserts read leaf pages from disk once it no
-longer fits in memory.
+writes a whole page to its WAL (and later to the database) for each page a commit changes: with
+random ids a 2-token response wrote 118 KB, with these 49 KB, its system CPU fell by a quarter
+and the p99 of 64 streams of such responses from 43-56 to 24-29 ms (bench/RESULTS.md,
+twenty-fourth session). PostgreSQL logs rows, not pages: no change measured there on a fresh
+database (a large table's random inserts would read leaf pages from disk once its indexes no
+longer fit in memory; not measured).
 
 The random part comes from a buffer of ``os.urandom`` bytes, refilled 4 KiB at a time: each
 ``os.urandom`` call releases the GIL, and with SQLite's writer thread on the same core the event
