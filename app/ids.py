@@ -22,7 +22,7 @@ The random part comes from a buffer of ``os.urandom`` bytes, refilled 4 KiB at a
 ``os.urandom`` call releases the GIL, and with SQLite's writer thread on the same core the event
 loop then waited up to its switch interval to get it back (0.6-0.7 ms a call, twenty-third
 session), several times a response. The buffer is emptied in a forked child, which must not
-reuse its parent's bytes.
+reuse its parent's bytes (nor inherit its lock held by a thread it does not have).
 """
 
 from __future__ import annotations
@@ -44,8 +44,9 @@ _last_us = 0  # the time part of the last id made (microseconds since the epoch)
 
 
 def _forget() -> None:
-    global _buffer, _offset
-    _buffer, _offset = b"", 0
+    """In a forked child: new random bytes, and a lock no thread of the parent can hold."""
+    global _buffer, _offset, _lock
+    _buffer, _offset, _lock = b"", 0, threading.Lock()
 
 
 os.register_at_fork(after_in_child=_forget)
