@@ -16,6 +16,10 @@ Per measured run:
   (``/proc/<pid>/stat``, clock ticks) before and after the load, over the tokens delivered;
   PostgreSQL's work is in its backends, reported separately as "DB µs/tok" (sum over the
   backends connected to the run's database, ``pg_stat_activity``);
+- bytes written per token: ``write_bytes`` of the server process and its descendants
+  (``/proc/<pid>/io``: what they sent towards the disk, page cache included: SQLite's WAL pages
+  and checkpoints, the token-times files; "-" where the kernel does not count it), before and
+  after the load, over the tokens delivered;
 - bytes stored per token: growth of the database over the tokens delivered. SQLite: the database
   file plus its WAL, after a ``wal_checkpoint(TRUNCATE)`` on both sides of the run (falls back to
   the raw sizes when the checkpoint is refused); PostgreSQL: ``pg_database_size``;
@@ -172,6 +176,8 @@ class RunResult:
     server_sys_us_per_token: float | None = None
     loadgen_cpu_us_per_token: float | None = None
     loadgen_cpu_util: float | None = None
+    #: What the server wrote towards the disk (``/proc/<pid>/io`` ``write_bytes``) a token.
+    server_written_bytes_per_token: float | None = None
     bytes_per_token: float | None = None
     peak_rss_mib: float | None = None
     other_cpu_cores: float | None = None
@@ -255,6 +261,21 @@ def _cpu_ticks(pids: Iterable[int], kernel: dict[int, int] | None = None) -> dic
 
 def _tree_cpu_s(pid: int, kernel: dict[int, int] | None = None) -> dict[int, int]:
     return _cpu_ticks(_descendants(pid), kernel)
+
+
+def _tree_written(pid: int) -> dict[int, int] | None:
+    """``write_bytes`` of ``/proc/<pid>/io`` per live process of ``pid``'s tree; None when the
+    kernel counts none (no I/O accounting, or not readable)."""
+    written = {}
+    for each in _descendants(pid):
+        try:
+            lines = Path(f"/proc/{each}/io").read_text().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            if line.startswith("write_bytes:"):
+                written[each] = int(line.split()[1])
+    return written or None
 
 
 def _delta_s(before: dict[int, int], after: dict[int, int]) -> float:
@@ -572,6 +593,7 @@ def _measure(
     db_cpu0 = database.backend_cpu()
     kernel0: dict[int, int] = {}
     cpu0 = _tree_cpu_s(server.pid, kernel0)
+    written0 = _tree_written(server.pid)
     busy0, window0 = _system_busy_s(), time.monotonic()
     lg_self0 = _children_cpu_s()
     if config.profile_dir is not None or config.turns_dir is not None:
@@ -594,6 +616,7 @@ def _measure(
     lg_self1 = _children_cpu_s()
     kernel1: dict[int, int] = {}
     cpu1 = _tree_cpu_s(server.pid, kernel1)
+    written1 = _tree_written(server.pid)
     db_cpu1 = database.backend_cpu()
     size1 = database.size()
     commits1 = _server_commits(port)
@@ -628,6 +651,9 @@ def _measure(
         result.server_cpu_us_per_token = server_s * 1e6 / tokens
         result.server_sys_us_per_token = _delta_s(kernel0, kernel1) * 1e6 / tokens
         result.loadgen_cpu_us_per_token = report["loadgen_cpu_s"] * 1e6 / tokens
+        if written0 is not None and written1 is not None:
+            written = sum(n - written0.get(each, 0) for each, n in written1.items())
+            result.server_written_bytes_per_token = written / tokens
         if database.url is not None and target.database == "postgres":
             result.db_cpu_us_per_token = db_s * 1e6 / tokens
         if size0 is not None and size1 is not None:
@@ -886,6 +912,7 @@ class Summary:
     db_cpu_us_per_token: float | None
     loadgen_cpu_us_per_token: float | None
     loadgen_cpu_util: float | None
+    server_written_bytes_per_token: float | None
     bytes_per_token: float | None
     peak_rss_mib: float | None
     other_cpu_cores: float | None
@@ -961,6 +988,7 @@ def summarize(results: Sequence[RunResult], reference: str = "naive") -> list[Su
                 db_cpu_us_per_token=m("db_cpu_us_per_token"),
                 loadgen_cpu_us_per_token=m("loadgen_cpu_us_per_token"),
                 loadgen_cpu_util=m("loadgen_cpu_util"),
+                server_written_bytes_per_token=m("server_written_bytes_per_token"),
                 bytes_per_token=m("bytes_per_token"),
                 peak_rss_mib=max((r.peak_rss_mib for r in ok if r.peak_rss_mib), default=None),
                 other_cpu_cores=m("other_cpu_cores"),
@@ -995,6 +1023,7 @@ _COLUMNS = (
     ("DB µs/tok", lambda s: _fmt(s.db_cpu_us_per_token, 2)),
     ("loadgen µs/tok", lambda s: _fmt(s.loadgen_cpu_us_per_token, 2)),
     ("loadgen CPU", lambda s: _fmt(s.loadgen_cpu_util, 2)),
+    ("written B/tok", lambda s: _fmt(s.server_written_bytes_per_token, 0)),
     ("bytes/tok", lambda s: _fmt(s.bytes_per_token, 0)),
     ("peak RSS MiB", lambda s: _fmt(s.peak_rss_mib, 0)),
     ("other CPU", lambda s: _fmt(s.other_cpu_cores, 2)),
@@ -1103,6 +1132,8 @@ def render_markdown(
         "TTFT: request sent → first delta read. server µs/tok: CPU (user+sys) of the server "
         "process tree per token; of it sys: the kernel's part of that (system time); server "
         "CPU: cores used. DB µs/tok: PostgreSQL backends. "
+        "written B/tok: what the server's processes wrote towards the disk per token "
+        "(/proc write_bytes: WAL pages, checkpoints, token-times files). "
         "bytes/tok: database growth per token. other CPU: cores used by anything else "
         "during the run (noise). slow commits: the server's commits over "
         f"{float(SLOW_COMMIT_S) * 1000:.0f} ms during the run, of all of them (medians).",

@@ -68,6 +68,7 @@ def test_run_naive_targets_end_to_end(tmp_path):
         assert s["latency_p50_ms"] is not None
         assert s["server_cpu_us_per_token"] is not None
         assert 0 <= s["server_sys_us_per_token"] <= s["server_cpu_us_per_token"]
+        assert s["server_written_bytes_per_token"] is not None  # (its token times: a few bytes)
     runs = {(r["target"], r["concurrency"]): r for r in report["runs"]}
     # 100 tokens at 20 per stream: 5 streams for C=1; ceil(100 / 60) = 2 per worker for C=3.
     assert runs[("naive", 1)]["streams"] == 5 and runs[("naive", 1)]["tokens"] == 100
@@ -148,7 +149,7 @@ def test_lent_machine_script_records_the_machine_and_finds_postgres(tmp_path):
 
 
 @pytest.mark.slow
-def test_run_with_a_history_serves_over_a_database_that_holds_it():
+def test_run_with_a_history_serves_over_a_database_that_holds_it(tmp_path):
     """``--history N``: the ledger's server starts on a database that already holds N finished
     responses (and measures as usual); the run's own responses come on top."""
     proc = _run(
@@ -156,10 +157,13 @@ def test_run_with_a_history_serves_over_a_database_that_holds_it():
             sys.executable, "-m", "bench", "run", "--target", "ledger-sqlite", "--history", "500",
             "--concurrency", "2", "--reps", "1", "--tokens", "20", "--total-tokens", "100",
             "--no-warmup", "--quiet-timeout", "0", "--server-cpus", "none", "--loadgen-cpus", "none",
-            "--keep-workdirs",
+            "--keep-workdirs", "--json", str(tmp_path / "bench.json"),
         ],
     )  # fmt: skip
     assert "500 stored responses in" in proc.stderr
+    # SQLite writes whole pages (4 KB) to its WAL, several a commit: far more than a token's text
+    (summary,) = json.loads((tmp_path / "bench.json").read_text())["summaries"]
+    assert summary["server_written_bytes_per_token"] > 200
     (kept,) = [
         line.split("kept ", 1)[1].strip() for line in proc.stderr.splitlines() if "kept " in line
     ]
