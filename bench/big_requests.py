@@ -35,6 +35,7 @@ from typing import Any
 import httpx
 
 from bench.harness import _free_port, _Server
+from bench.stats import percentile
 from bench.targets import LEDGER_MODEL, REPO_ROOT, ledger_script
 
 __all__ = ["main"]
@@ -95,13 +96,6 @@ def _post_big(
                 print(f"a large request answered {r.status_code}: {r.text[:300]}")
 
 
-def _pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 async def _phase(
     base: str, streams: int, seconds: float, bodies: list[bytes] | None
 ) -> dict[str, Any]:
@@ -138,8 +132,8 @@ async def _phase(
 def _report(name: str, result: dict[str, Any]) -> None:
     gaps_ms = [g * 1000 for g in result["gaps"]]
     print(
-        f"{name:8s} events {len(gaps_ms):7d}  gap p50 {_pct(gaps_ms, 0.5):7.1f} ms  "
-        f"p99 {_pct(gaps_ms, 0.99):7.1f} ms  max {max(gaps_ms, default=float('nan')):7.1f} ms  "
+        f"{name:8s} events {len(gaps_ms):7d}  gap p50 {percentile(gaps_ms, 0.5):7.1f} ms  "
+        f"p99 {percentile(gaps_ms, 0.99):7.1f} ms  max {max(gaps_ms, default=float('nan')):7.1f} ms  "
         f"(streams finished: {result['streams']})"
     )
     for size, status, seconds in result["big"]:

@@ -44,6 +44,7 @@ from typing import Any
 
 from bench.kept import show_dir
 from bench.profiled import run_wrapped
+from bench.stats import percentile
 
 __all__ = ["Record", "install", "load_dir", "main", "render"]
 
@@ -148,13 +149,6 @@ def _wrap(argv: list[str]) -> None:
 # -- the tables ---------------------------------------------------------------------------------
 
 
-def _pct(values: Sequence[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 def _ms(value: float, digits: int = 1) -> str:
     """A figure for the tables; "-" where there was nothing to take it from."""
     return "-" if value != value else f"{value:.{digits}f}"
@@ -200,14 +194,15 @@ def render(runs: Sequence[Run]) -> str:
         span = max(1, run.stopped_ns - run.started_ns)
         busy = [b / 1e6 for _, _, b in run.turns]
         walls = [w / 1e6 for _, w in run.commits]
-        median = _pct(walls, 0.5)
+        busy_p50, busy_p90, busy_max = (percentile(busy, q) for q in (0.5, 0.9, 1))
+        wall_p50, wall_p90, wall_max = (percentile(walls, q) for q in (0.5, 0.9, 1))
         order = sorted(range(len(walls)), key=walls.__getitem__)
         slow = order[int(0.9 * len(order)) :]
         mid = order[len(order) // 2 : len(order) // 2 + 1]
         lines.append(
             f"| {run.name} | {len(run.turns):,} | {sum(busy) * 1e6 / span:.0%} | "
-            f"{_ms(_pct(busy, 0.5), 2)} / {_ms(_pct(busy, 0.9), 2)} / {_ms(_pct(busy, 1))} | "
-            f"{len(walls):,} | {_ms(median)} / {_ms(_pct(walls, 0.9))} / {_ms(_pct(walls, 1))}"
+            f"{_ms(busy_p50, 2)} / {_ms(busy_p90, 2)} / {_ms(busy_max)} | "
+            f"{len(walls):,} | {_ms(wall_p50)} / {_ms(wall_p90)} / {_ms(wall_max)}"
             f" | {_kinds(run.kinds, mid)} | {_kinds(run.kinds, slow)} |"
         )
     lines += [
@@ -230,12 +225,12 @@ def render(runs: Sequence[Run]) -> str:
         placed = [((y - run.started_ns) // WINDOW_NS, ms) for y, ms in run.samples]
         calm = [ms for w, ms in placed if w in calm_w]
         hot = [ms for w, ms in placed if w in busy_w]
-        p99 = _pct([ms for _, ms in placed], 0.99)
+        p99 = percentile([ms for _, ms in placed], 0.99)
         slowest = [w for w, ms in placed if ms >= p99]
         in_busy = sum(1 for w in slowest if w in busy_w)
         lines.append(
-            f"| {run.name} | {len(busy_w)} of {len(windows)} | {_ms(_pct(calm, 0.5))} / "
-            f"{_ms(_pct(hot, 0.5))} | {_ms(p99)} | {in_busy / max(1, len(slowest)):.0%} |"
+            f"| {run.name} | {len(busy_w)} of {len(windows)} | {_ms(percentile(calm, 0.5))} / "
+            f"{_ms(percentile(hot, 0.5))} | {_ms(p99)} | {in_busy / max(1, len(slowest)):.0%} |"
         )
     return "\n".join(lines)
 

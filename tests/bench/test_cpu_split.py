@@ -5,13 +5,11 @@ from __future__ import annotations
 import cProfile
 import json
 import pstats
-import subprocess
-import sys
 
 import pytest
 
 from bench.cpu_split import component, load_dir, render, split
-from bench.targets import REPO_ROOT
+from tests.bench.commands import python_m
 
 
 @pytest.mark.parametrize(
@@ -89,16 +87,13 @@ def test_a_profiled_run_keeps_each_servers_profile_and_prints_the_split(tmp_path
     peer's) reach the load generator, whose mid-stream p99 the harness reports."""
     profiles = tmp_path / "profiles"
     report = tmp_path / "bench.json"
-    proc = subprocess.run(
-        [
-            sys.executable, "-m", "bench", "run",
-            "--profile", str(profiles),
-            "--target", "naive", "--target", "ledger-sqlite",
-            "--concurrency", "2", "--reps", "1", "--tokens", "30", "--total-tokens", "300",
-            "--quiet-timeout", "0", "--server-cpus", "none", "--loadgen-cpus", "none",
-            "--json", str(report),
-        ],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=300, check=False,
+    proc = python_m(
+        "bench", "run",
+        "--profile", str(profiles),
+        "--target", "naive", "--target", "ledger-sqlite",
+        "--concurrency", "2", "--reps", "1", "--tokens", "30", "--total-tokens", "300",
+        "--quiet-timeout", "0", "--server-cpus", "none", "--loadgen-cpus", "none",
+        "--json", str(report),
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     for target in ("naive", "ledger-sqlite"):

@@ -11,7 +11,7 @@ import pytest
 
 from bench import harness
 from bench.samples import GENERATED, NO_FRAME, Sampled, count, load_dir, py_spy, render
-from bench.targets import REPO_ROOT
+from tests.bench.commands import python_m
 
 _VENV = "/x/.venv/lib/python3.11/site-packages"
 
@@ -59,16 +59,13 @@ def test_a_sampled_run_keeps_each_servers_stacks_and_prints_the_split(tmp_path):
     assert py_spy() is not None, "py-spy is a test dependency (pyproject.toml)"
     out = tmp_path / "samples"
     report = tmp_path / "bench.json"
-    proc = subprocess.run(
-        [
-            sys.executable, "-m", "bench", "run",
-            "--sample", str(out),
-            "--target", "naive", "--target", "ledger-sqlite",
-            "--concurrency", "4", "--reps", "1", "--tokens", "200", "--total-tokens", "60000",
-            "--quiet-timeout", "0", "--server-cpus", "none", "--loadgen-cpus", "none",
-            "--json", str(report),
-        ],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=300, check=False,
+    proc = python_m(
+        "bench", "run",
+        "--sample", str(out),
+        "--target", "naive", "--target", "ledger-sqlite",
+        "--concurrency", "4", "--reps", "1", "--tokens", "200", "--total-tokens", "60000",
+        "--quiet-timeout", "0", "--server-cpus", "none", "--loadgen-cpus", "none",
+        "--json", str(report),
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     summaries = {s["target"]: s for s in json.loads(report.read_text())["summaries"]}
@@ -97,16 +94,17 @@ def test_a_sampled_run_keeps_each_servers_stacks_and_prints_the_split(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("other", "refusal"),
-    [("--sample", "--profile and --sample"), ("--turns", "--turns and --profile")],
+    ("first", "second", "refusal"),
+    [
+        ("--profile", "--sample", "--profile and --sample"),
+        ("--profile", "--turns", "--profile and --turns"),
+        ("--sample", "--turns", "--sample and --turns"),
+    ],
 )
-def test_profile_and_sample_or_turns_are_one_at_a_time(tmp_path, other, refusal):
-    proc = subprocess.run(
-        [
-            sys.executable, "-m", "bench", "run", "--profile", str(tmp_path / "p"),
-            other, str(tmp_path / "s"), "--target", "naive",
-        ],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, check=False,
+def test_profile_sample_and_turns_are_one_at_a_time(tmp_path, first, second, refusal):
+    proc = python_m(
+        "bench", "run", first, str(tmp_path / "a"), second, str(tmp_path / "b"),
+        "--target", "naive", timeout=60,
     )  # fmt: skip
     assert proc.returncode == 2
     assert refusal in proc.stderr

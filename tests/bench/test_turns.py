@@ -4,15 +4,13 @@ commits, timed in the server, beside its deltas' latency."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import textwrap
 import time
 
 import pytest
 
-from bench.targets import REPO_ROOT
 from bench.turns import WINDOW_NS, load_dir, render
+from tests.bench.commands import python_m
 
 _MS = 1_000_000
 
@@ -40,10 +38,7 @@ def test_the_slow_deltas_are_placed_in_the_windows_where_the_loop_was_busy(tmp_p
     (tmp_path / "ledger-c4-round0-rep0.json").write_text(json.dumps(record))
     [run] = load_dir(tmp_path)
     assert run.busy_by_window() == pytest.approx({0: 0.1, 1: 0.9, 2: 0.5, 3: 0.95})
-    proc = subprocess.run(
-        [sys.executable, "-m", "bench.turns", str(tmp_path)],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+    proc = python_m("bench.turns", str(tmp_path), timeout=60)
     assert proc.returncode == 0, proc.stderr
     for table in (render([run]), proc.stdout):
         # 4 turns; busy 61 % of the load; commit p50 6 ms, max 20; the median commit 250 appends
@@ -60,10 +55,7 @@ def test_the_slow_deltas_are_placed_in_the_windows_where_the_loop_was_busy(tmp_p
     [("bench.turns", "records"), ("bench.samples", "samples"), ("bench.cpu_split", "profiles")],
 )
 def test_a_directory_with_nothing_kept_prints_why_and_fails(tmp_path, module, what):
-    proc = subprocess.run(
-        [sys.executable, "-m", module, str(tmp_path)],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+    proc = python_m(module, str(tmp_path), timeout=60)
     assert proc.returncode == 1
     assert f"no {what} in {tmp_path}" in proc.stderr
 
@@ -115,10 +107,7 @@ def test_the_wrapper_times_turns_and_commits_between_the_signals(tmp_path):
         asyncio.run(main())
         """
     )
-    proc = subprocess.run(
-        [sys.executable, "-m", "bench.turns", str(out), "--", "-c", program, str(out)],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+    proc = python_m("bench.turns", str(out), "--", "-c", program, str(out), timeout=60)
     assert proc.returncode == 0, proc.stderr[-3000:]
     # uvicorn's auto loop would find no uvloop; each run's record holds its own two commits
     assert proc.stdout.split() == ["True", "2", "2"]
@@ -141,16 +130,13 @@ def test_a_run_with_turns_keeps_each_servers_record_and_prints_the_tables(tmp_pa
     deltas' latency, and the tables follow the usual one."""
     out = tmp_path / "turns"
     started = time.monotonic()
-    proc = subprocess.run(
-        [
-            sys.executable, "-m", "bench", "run",
-            "--turns", str(out),
-            "--target", "naive", "--target", "ledger-sqlite",
-            "--concurrency", "8", "--reps", "1", "--tokens", "50", "--token-delay-ms", "10",
-            "--total-tokens", "2000", "--quiet-timeout", "0", "--server-cpus", "none",
-            "--loadgen-cpus", "none",
-        ],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=300, check=False,
+    proc = python_m(
+        "bench", "run",
+        "--turns", str(out),
+        "--target", "naive", "--target", "ledger-sqlite",
+        "--concurrency", "8", "--reps", "1", "--tokens", "50", "--token-delay-ms", "10",
+        "--total-tokens", "2000", "--quiet-timeout", "0", "--server-cpus", "none",
+        "--loadgen-cpus", "none",
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     found = {run.name: run for run in load_dir(out)}
