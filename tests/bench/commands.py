@@ -9,6 +9,9 @@ from collections.abc import Sequence
 
 from bench.targets import REPO_ROOT
 
+#: A test's ``bench run``: no wait for an idle machine, nothing pinned to a core.
+UNPINNED = ("--quiet-timeout", "0", "--server-cpus", "none", "--loadgen-cpus", "none")
+
 
 def run(
     argv: Sequence[str], *, timeout: float = 300, env: dict[str, str] | None = None

@@ -9,7 +9,7 @@ import pstats
 import pytest
 
 from bench.cpu_split import component, load_dir, render, split
-from tests.bench.commands import python_m
+from tests.bench.commands import UNPINNED, python_m
 
 
 @pytest.mark.parametrize(
@@ -92,8 +92,7 @@ def test_a_profiled_run_keeps_each_servers_profile_and_prints_the_split(tmp_path
         "--profile", str(profiles),
         "--target", "naive", "--target", "ledger-sqlite",
         "--concurrency", "2", "--reps", "1", "--tokens", "30", "--total-tokens", "300",
-        "--quiet-timeout", "0", "--server-cpus", "none", "--loadgen-cpus", "none",
-        "--json", str(report),
+        *UNPINNED, "--json", str(report),
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     for target in ("naive", "ledger-sqlite"):

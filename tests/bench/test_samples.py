@@ -11,7 +11,7 @@ import pytest
 
 from bench import harness
 from bench.samples import GENERATED, NO_FRAME, Sampled, count, load_dir, py_spy, render
-from tests.bench.commands import python_m
+from tests.bench.commands import UNPINNED, python_m
 
 _VENV = "/x/.venv/lib/python3.11/site-packages"
 
@@ -64,8 +64,7 @@ def test_a_sampled_run_keeps_each_servers_stacks_and_prints_the_split(tmp_path):
         "--sample", str(out),
         "--target", "naive", "--target", "ledger-sqlite",
         "--concurrency", "4", "--reps", "1", "--tokens", "200", "--total-tokens", "60000",
-        "--quiet-timeout", "0", "--server-cpus", "none", "--loadgen-cpus", "none",
-        "--json", str(report),
+        *UNPINNED, "--json", str(report),
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     summaries = {s["target"]: s for s in json.loads(report.read_text())["summaries"]}

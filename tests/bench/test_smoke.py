@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from tests.bench.commands import run
+from tests.bench.commands import UNPINNED, run
 
 
 def _run(argv: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -45,12 +45,7 @@ def test_run_naive_targets_end_to_end(tmp_path):
             "20",
             "--total-tokens",
             "100",
-            "--quiet-timeout",
-            "0",
-            "--server-cpus",
-            "none",
-            "--loadgen-cpus",
-            "none",
+            *UNPINNED,
             "--json",
             str(out),
             "--write-results",
@@ -154,7 +149,7 @@ def test_run_with_a_history_serves_over_a_database_that_holds_it(tmp_path):
         [
             sys.executable, "-m", "bench", "run", "--target", "ledger-sqlite", "--history", "500",
             "--concurrency", "2", "--reps", "1", "--tokens", "20", "--total-tokens", "100",
-            "--no-warmup", "--quiet-timeout", "0", "--server-cpus", "none", "--loadgen-cpus", "none",
+            "--no-warmup", *UNPINNED,
             "--keep-workdirs", "--json", str(tmp_path / "bench.json"),
         ],
     )  # fmt: skip

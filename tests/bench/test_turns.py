@@ -10,7 +10,7 @@ import time
 import pytest
 
 from bench.turns import WINDOW_NS, load_dir, render
-from tests.bench.commands import python_m
+from tests.bench.commands import UNPINNED, python_m
 
 _MS = 1_000_000
 
@@ -135,8 +135,7 @@ def test_a_run_with_turns_keeps_each_servers_record_and_prints_the_tables(tmp_pa
         "--turns", str(out),
         "--target", "naive", "--target", "ledger-sqlite",
         "--concurrency", "8", "--reps", "1", "--tokens", "50", "--token-delay-ms", "10",
-        "--total-tokens", "2000", "--quiet-timeout", "0", "--server-cpus", "none",
-        "--loadgen-cpus", "none",
+        "--total-tokens", "2000", *UNPINNED,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     found = {run.name: run for run in load_dir(out)}
