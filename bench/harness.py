@@ -169,6 +169,7 @@ class RunResult:
     #: together.
     latency_mid_p99_ms: float | None = None
     ttft_p50_ms: float | None = None
+    ttft_p99_ms: float | None = None
     server_cpu_us_per_token: float | None = None
     server_cpu_util: float | None = None
     db_cpu_us_per_token: float | None = None
@@ -647,6 +648,7 @@ def _measure(
             result.latency_mid_p99_ms = report["latency_mid_ms"]["p99"]
     if report["ttft_ms"]["n"]:
         result.ttft_p50_ms = report["ttft_ms"]["p50"]
+        result.ttft_p99_ms = report["ttft_ms"]["p99"]
     if tokens:
         result.server_cpu_us_per_token = server_s * 1e6 / tokens
         result.server_sys_us_per_token = _delta_s(kernel0, kernel1) * 1e6 / tokens
@@ -906,6 +908,7 @@ class Summary:
     latency_p99_ms: float | None
     latency_mid_p99_ms: float | None
     ttft_p50_ms: float | None
+    ttft_p99_ms: float | None
     server_cpu_us_per_token: float | None
     server_sys_us_per_token: float | None
     server_cpu_util: float | None
@@ -982,6 +985,7 @@ def summarize(results: Sequence[RunResult], reference: str = "naive") -> list[Su
                 latency_p99_ms=m("latency_p99_ms"),
                 latency_mid_p99_ms=m("latency_mid_p99_ms"),
                 ttft_p50_ms=m("ttft_p50_ms"),
+                ttft_p99_ms=m("ttft_p99_ms"),
                 server_cpu_us_per_token=m("server_cpu_us_per_token"),
                 server_sys_us_per_token=m("server_sys_us_per_token"),
                 server_cpu_util=m("server_cpu_util"),
@@ -1017,6 +1021,7 @@ _COLUMNS = (
     ("p99 ms", lambda s: _fmt(s.latency_p99_ms, 2)),
     ("mid p99 ms", lambda s: _fmt(s.latency_mid_p99_ms, 2)),
     ("TTFT p50 ms", lambda s: _fmt(s.ttft_p50_ms, 1)),
+    ("TTFT p99 ms", lambda s: _fmt(s.ttft_p99_ms, 1)),
     ("server µs/tok", lambda s: _fmt(s.server_cpu_us_per_token, 2)),
     ("of it sys", lambda s: _fmt(s.server_sys_us_per_token, 2)),
     ("server CPU", lambda s: _fmt(s.server_cpu_util, 2)),
