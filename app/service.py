@@ -168,8 +168,9 @@ class ResponseService:
         )
         #: Streams following a log written elsewhere now (``_follow``).
         self.followers = 0
-        #: New responses are set up one a turn of the event loop (``app.turns``).
-        self.turns = TurnGate()
+        #: New responses are set up one a turn of the event loop, and while responses are
+        #: generating, in at most ``setup_share`` of its time (``app.turns``).
+        self.turns = TurnGate(functools.partial(bool, self._tasks), settings.setup_share)
         self.metrics = metrics if metrics is not None else Metrics(enabled=False)
         self._timing = self.metrics.stream if self.metrics.enabled else None
         self.metrics.attach(self)

@@ -12,6 +12,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from app.turns import SETUP_SHARE
+
 __all__ = ["Settings"]
 
 DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./data/responses.db"
@@ -42,6 +44,13 @@ def _takeover(value: str) -> str:
     if mode not in ("continue", "fail"):
         raise ValueError(f"RESPONSES_LEDGER_TAKEOVER: {value!r} is not continue or fail")
     return mode
+
+
+def _setup_share(value: str) -> float:
+    share = float(value)
+    if not 0 < share <= 1:
+        raise ValueError(f"RESPONSES_LEDGER_SETUP_SHARE: {value!r} is not a number in (0, 1]")
+    return share
 
 
 def _log_format(value: str) -> str:
@@ -136,6 +145,10 @@ class Settings:
     #: ``coalesce``); false (the default): a delta a token, whatever waits. Off by default: at
     #: 256 paced streams on one core it costs more CPU a token than it saves (bench/RESULTS.md).
     coalesce_deltas: bool = False
+    #: While responses are generating, a burst of new responses' set-ups takes at most this
+    #: share of the event loop's time, so the running streams' tokens do not wait for them
+    #: (``app.turns``); 1: one set-up a turn of the loop, without pause.
+    setup_share: float = SETUP_SHARE
     log_level: str = "info"
     #: ``json``: one JSON object a line (``app.logs``); ``text``: plain lines.
     log_format: str = "json"
@@ -215,6 +228,7 @@ class Settings:
             "RESPONSES_LEDGER_SEND_BUFFER_BYTES": ("send_buffer_bytes", int),
             "RESPONSES_LEDGER_SEND_STALL_S": ("send_stall_s", float),
             "RESPONSES_LEDGER_COALESCE_DELTAS": ("coalesce_deltas", _bool),
+            "RESPONSES_LEDGER_SETUP_SHARE": ("setup_share", _setup_share),
             "RESPONSES_LEDGER_LOG_LEVEL": ("log_level", str),
             "RESPONSES_LEDGER_LOG_FORMAT": ("log_format", _log_format),
             "RESPONSES_LEDGER_METRICS": ("metrics", _bool),

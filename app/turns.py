@@ -9,23 +9,55 @@ were a stream's first and last few, 20-70 ms late). Through a ``TurnGate``, one 
 turn of the loop; what the turn's I/O brought in (commits, client reads, the engine's step)
 runs between two of them. The set-ups take as long in all; a burst's last one starts about as
 late as before; the streams already running no longer wait for all of them.
+
+One a turn still let a burst's set-ups take nearly all of the loop while it lasted: the loop
+was busy 85-100 % for the 0.7 s of such a wave, and every delta over the 256-stream p99 was in
+one (bench/RESULTS.md, twenty-third session). So while responses are being generated, the
+set-ups of a burst take at most ``share`` of the loop's time: after a set-up's turn the next
+one waits as long again as that turn took (at the default share, one half), and the streams'
+steps, commits and sends run in that time. New responses wait for running ones, as an
+engine's scheduler puts the running requests' next tokens before new prompts. Measured at 256
+paced streams (bench/RESULTS.md, twenty-fifth session): the added latency's p99 on PostgreSQL
+16.2-17.8 -> 9.1-14.0 ms; a burst's last first token later (TTFT p99 181-279 -> 336-338 ms;
+the p50 unchanged). A set-up that comes alone waits at most for the pause the one before it
+earned; with no response generating, a burst goes one a turn without pause.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
+from collections.abc import Callable
 
-__all__ = ["TurnGate"]
+__all__ = ["SETUP_SHARE", "TurnGate"]
+
+#: The most of the event loop's time a burst of set-ups takes while responses are generating
+#: (``TurnGate``'s ``share``; the setting ``RESPONSES_LEDGER_SETUP_SHARE``).
+SETUP_SHARE = 0.5
+
+
+def _never() -> bool:
+    return False
 
 
 class TurnGate:
     """One caller of ``turn`` a turn of the event loop: the first in a turn goes at once, the
-    others wait, in order, for a turn each."""
+    others wait, in order, for a turn each. While ``busy()`` (responses are generating), the
+    next caller's turn comes no sooner than the last one's took, times ``(1 - share) / share``,
+    after it: the callers take at most ``share`` of the loop's time (1: no pause)."""
 
-    def __init__(self) -> None:
+    def __init__(self, busy: Callable[[], bool] = _never, share: float = SETUP_SHARE) -> None:
+        if not 0 < share <= 1:
+            raise ValueError(f"share must be in (0, 1], got {share!r}")
+        #: Whether responses are generating now (the service's generation tasks).
+        self.busy = busy
+        #: The most of the loop's time the callers take while ``busy()``.
+        self.share = share
+        self._rest = (1 - share) / share  # the pause after a turn, per second the turn took
         self._waiting: deque[asyncio.Future[None]] = deque()
         self._taken = False  # this turn's caller has gone
+        self._given_at: float | None = None  # when the last turn was given (perf_counter)
         self._loop: asyncio.AbstractEventLoop | None = None
 
     async def turn(self) -> None:
@@ -35,6 +67,7 @@ class TurnGate:
             self._loop, self._taken, self._waiting = loop, False, deque()
         if not self._taken and not self._waiting:
             self._taken = True
+            self._given_at = time.perf_counter()
             loop.call_soon(self._next)
             return
         waiter = loop.create_future()
@@ -42,13 +75,24 @@ class TurnGate:
         await waiter  # (cancelled: the turn given to it passes on with the next one)
 
     def _next(self) -> None:
-        """The next turn's caller, if one waits: its task runs in the next turn, and so does
-        this, after it (a turn's I/O callbacks come after both)."""
+        """Called in the turn given, right after its caller's task ran (it was scheduled
+        first): the pause the turn earned while ``busy()``, then the next turn's caller, if
+        one waits: its task runs in the next turn, and so does this, after it (a turn's I/O
+        callbacks come after both). The loop's own clock is not used to time the turn: uvloop's
+        counts whole milliseconds."""
+        loop = asyncio.get_running_loop()
+        given, self._given_at = self._given_at, None
+        if given is not None and self._rest and self.busy():
+            pause = (time.perf_counter() - given) * self._rest
+            if pause > 0:
+                loop.call_later(pause, self._next)
+                return
         waiting = self._waiting
         while waiting:
             waiter = waiting.popleft()
             if not waiter.done():
                 waiter.set_result(None)
-                asyncio.get_running_loop().call_soon(self._next)
+                self._given_at = time.perf_counter()
+                loop.call_soon(self._next)
                 return
         self._taken = False

@@ -1,0 +1,47 @@
+"""The server's turn gate (``app.turns``) pauses a burst of new responses' set-ups while
+responses are generating, and only then: it is given the setting and the service's generations."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from openai import OpenAI
+
+from app.engines.scripted import ScriptedEngine
+from app.settings import Settings
+from app.turns import SETUP_SHARE
+from tests.e2e.conftest import MODEL, harmony
+from tests.support.server import RunningServer, serve
+
+
+def test_the_gate_knows_when_responses_are_generating(
+    client: OpenAI, ledger: RunningServer, engine: ScriptedEngine
+) -> None:
+    gate = ledger.service.turns
+    assert gate.share == SETUP_SHARE  # the setting's default (the fixture sets none)
+    engine.add_turns(
+        {"completion": harmony(("final", "one two three four five six")), "token_delay_ms": 50}
+    )
+    with client.responses.create(model=MODEL, input="count", stream=True) as stream:
+        seen = []
+        for event in stream:
+            seen.append(event.type)
+            if event.type == "response.output_text.delta":
+                assert gate.busy()  # its generation runs: set-ups would pause for it
+        assert seen[-1] == "response.completed"
+    deadline = time.monotonic() + 10  # (another test's response may still be ending)
+    while gate.busy() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not gate.busy()
+
+
+def test_the_gate_takes_the_setup_share_setting(tmp_path: Path, engine: ScriptedEngine) -> None:
+    settings = Settings(
+        engine="scripted",
+        database_url=f"sqlite+aiosqlite:///{tmp_path / 'responses.db'}",
+        served_model_names=(MODEL,),
+        setup_share=0.25,
+    )
+    with serve(settings, engine=engine) as server:
+        assert server.service.turns.share == 0.25
