@@ -14,13 +14,15 @@ One a turn still let a burst's set-ups take nearly all of the loop while it last
 was busy 85-100 % for the 0.7 s of such a wave, and every delta over the 256-stream p99 was in
 one (bench/RESULTS.md, twenty-third session). So while responses are being generated, the
 set-ups of a burst take at most ``share`` of the loop's time: after a set-up's turn the next
-one waits as long again as that turn took (at the default share, one half), and the streams'
-steps, commits and sends run in that time. New responses wait for running ones, as an
+one waits (at the default share, two thirds) half as long as that turn took, and the streams'
+steps, commits and sends run in that time. New responses wait a little for running ones, as an
 engine's scheduler puts the running requests' next tokens before new prompts. Measured at 256
-paced streams (bench/RESULTS.md, twenty-fifth session): the added latency's p99 on PostgreSQL
-16.2-17.8 -> 9.1-14.0 ms; a burst's last first token later (TTFT p99 181-279 -> 336-338 ms;
-the p50 unchanged). A set-up that comes alone waits at most for the pause the one before it
-earned; with no response generating, a burst goes one a turn without pause.
+paced streams against one a turn, two pairs each (bench/RESULTS.md, twenty-fifth session): at
+two thirds, the added latency's p99 16.2, 17.7 -> 13.2, 16.0 ms on PostgreSQL and 34.2, 26.3
+-> 24.8, 20.8 on SQLite, a burst's last first token a little later (TTFT p99 197-232 ->
+217-278 ms), tokens/s the same; at one half, p99 a little lower again but TTFT p99 251-324 ms
+and SQLite's tokens/s 1 % lower. A set-up that comes alone waits at most for the pause the one
+before it earned; with no response generating, a burst goes one a turn without pause.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ __all__ = ["SETUP_SHARE", "TurnGate"]
 
 #: The most of the event loop's time a burst of set-ups takes while responses are generating
 #: (``TurnGate``'s ``share``; the setting ``RESPONSES_LEDGER_SETUP_SHARE``).
-SETUP_SHARE = 0.5
+SETUP_SHARE = 2 / 3
 
 
 def _never() -> bool:

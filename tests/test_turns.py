@@ -101,15 +101,17 @@ async def _burst(gate: TurnGate, setup_s: float, callers: int = 4) -> tuple[list
 
 
 async def test_while_responses_generate_a_burst_takes_at_most_its_share_of_the_loop() -> None:
-    """At the default share (one half), each set-up after the first waits as long as the one
-    before it took, and the loop's other callbacks run in that time; at a quarter, three times
-    as long."""
+    """At a share of one half, each set-up after the first waits as long as the one before it
+    took, and the loop's other callbacks run in that time; at a quarter, three times as long;
+    at the default (two thirds), half as long."""
     setup_s = 0.004
-    pauses, ran = await _burst(TurnGate(lambda: True), setup_s)
+    pauses, ran = await _burst(TurnGate(lambda: True, share=0.5), setup_s)
     assert all(p >= 0.8 * setup_s for p in pauses), pauses
     assert all(n > 10 for n in ran), ran  # the streams' turns, not only the next set-up's
     pauses, _ = await _burst(TurnGate(lambda: True, share=0.25), setup_s)
     assert all(p >= 0.8 * 3 * setup_s for p in pauses), pauses
+    pauses, _ = await _burst(TurnGate(lambda: True), setup_s)
+    assert all(p >= 0.8 * 0.5 * setup_s for p in pauses), pauses
 
 
 async def test_with_nothing_generating_or_a_share_of_one_a_burst_goes_one_a_turn() -> None:
@@ -126,7 +128,7 @@ def test_a_share_outside_zero_to_one_is_refused() -> None:
 
 
 def test_the_setup_share_setting() -> None:
-    assert Settings.from_env({}).setup_share == SETUP_SHARE == 0.5
+    assert Settings.from_env({}).setup_share == SETUP_SHARE == 2 / 3
     assert Settings.from_env({"RESPONSES_LEDGER_SETUP_SHARE": "0.25"}).setup_share == 0.25
     for bad in ("0", "1.5", "-1", "half"):
         with pytest.raises(ValueError):
