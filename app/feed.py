@@ -21,7 +21,7 @@ from domain.builder import ResponseBuilder
 from domain.decoder import HarmonyDecoder
 from persistence.health import StoreHealth
 
-__all__ = ["BACKLOG_BUDGET", "MIN_BACKLOG", "ChunkFeed"]
+__all__ = ["BACKLOG_BUDGET", "MIN_BACKLOG", "ChunkFeed", "Paced"]
 
 #: Generation pauses when all live responses together have this many events waiting for their
 #: commits (for a coalescing builder, tokens: ``app.live.Backlog``), for each response that
@@ -36,6 +36,21 @@ MIN_BACKLOG = 32
 _PUSHED: dict[type, bool] = {}
 
 
+class Paced:
+    """How many generations run now whose engine paces them (pushes their chunks at its steps,
+    ``PushedChunks``): while any does, a burst of new responses' set-ups pauses for them
+    (``app.turns``). An engine that hands its chunks over as fast as they are read has no step
+    for its streams to keep, and there a pause would only delay the new responses."""
+
+    __slots__ = ("count",)
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def __bool__(self) -> bool:
+        return self.count > 0
+
+
 class ChunkFeed:
     """One response's chunks, fed to its decoder (which appends to its builder) and pushed to
     its writer with the tokens that made them. Records what the last chunk says:
@@ -48,6 +63,7 @@ class ChunkFeed:
         "_decoder",
         "_health",
         "_hold_last",
+        "_paced",
         "_writer",
         "cached",
         "error",
@@ -65,16 +81,19 @@ class ChunkFeed:
         output_ids: list[int],
         *,
         hold_last: bool,
+        paced: Paced | None = None,
     ) -> None:
         """``output_ids``: every output token id is appended to it. ``hold_last``: the last
         chunk's events stay in the builder, for the caller to push with the terminal events
-        right after (one commit for both)."""
+        right after (one commit for both). ``paced``: counts the generation while it runs if
+        its engine pushes its chunks."""
         self._decoder = decoder
         self._builder = builder
         self._writer = writer
         self._backlog = backlog
         self._health = health
         self._hold_last = hold_last
+        self._paced = paced
         self._coalesce = builder.coalesce
         self.output_ids = output_ids
         self.cached = 0
@@ -119,10 +138,15 @@ class ChunkFeed:
             pushed = _PUSHED[type(chunks)] = isinstance(chunks, PushedChunks)
         if pushed:
             stream = cast(PushedChunks, chunks)  # (known by its type)
+            paced = self._paced
+            if paced is not None:
+                paced.count += 1
             try:
                 await stream.push_to(self)
             finally:
                 stream.close()
+                if paced is not None:
+                    paced.count -= 1
             return
         async for chunk in chunks:
             wait = self(chunk)

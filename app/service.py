@@ -30,7 +30,7 @@ from app.conversations import Conversations, ConversationTurn, conversation_para
 from app.drain import Drain
 from app.engines.protocol import Engine, EngineError, Sampling
 from app.errors import APIError, not_found
-from app.feed import ChunkFeed
+from app.feed import ChunkFeed, Paced
 from app.ids import new_id
 from app.leases import new_replica
 from app.live import (
@@ -168,9 +168,11 @@ class ResponseService:
         )
         #: Streams following a log written elsewhere now (``_follow``).
         self.followers = 0
-        #: New responses are set up one a turn of the event loop, and while responses are
+        #: Generations whose engine paces them, running now (``app.feed``).
+        self._paced = Paced()
+        #: New responses are set up one a turn of the event loop, and while paced responses are
         #: generating, in at most ``setup_share`` of its time (``app.turns``).
-        self.turns = TurnGate(functools.partial(bool, self._tasks), settings.setup_share)
+        self.turns = TurnGate(self._paced.__bool__, settings.setup_share)
         self.metrics = metrics if metrics is not None else Metrics(enabled=False)
         self._timing = self.metrics.stream if self.metrics.enabled else None
         self.metrics.attach(self)
@@ -480,6 +482,7 @@ class ResponseService:
                 self.store.health,
                 output_ids,
                 hold_last=turn is None,
+                paced=self._paced,
             )
             try:
                 if finish_reason is None:

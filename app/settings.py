@@ -145,7 +145,7 @@ class Settings:
     #: ``coalesce``); false (the default): a delta a token, whatever waits. Off by default: at
     #: 256 paced streams on one core it costs more CPU a token than it saves (bench/RESULTS.md).
     coalesce_deltas: bool = False
-    #: While responses are generating, a burst of new responses' set-ups takes at most this
+    #: While paced responses generate, a burst of new responses' set-ups takes at most this
     #: share of the event loop's time, so the running streams' tokens do not wait for them
     #: (``app.turns``); 1: one set-up a turn of the loop, without pause.
     setup_share: float = SETUP_SHARE

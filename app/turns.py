@@ -12,7 +12,8 @@ late as before; the streams already running no longer wait for all of them.
 
 One a turn still let a burst's set-ups take nearly all of the loop while it lasted: the loop
 was busy 85-100 % for the 0.7 s of such a wave, and every delta over the 256-stream p99 was in
-one (bench/RESULTS.md, twenty-third session). So while responses are being generated, the
+one (bench/RESULTS.md, twenty-third session). So while responses whose engine paces them are
+being generated (``app.feed.Paced``: vLLM's, the scripted engine's with a token delay), the
 set-ups of a burst take at most ``share`` of the loop's time: after a set-up's turn the next
 one waits (at the default share, two thirds) half as long as that turn took, and the streams'
 steps, commits and sends run in that time. New responses wait a little for running ones, as an
@@ -21,8 +22,11 @@ paced streams against one a turn, two pairs each (bench/RESULTS.md, twenty-fifth
 two thirds, the added latency's p99 16.2, 17.7 -> 13.2, 16.0 ms on PostgreSQL and 34.2, 26.3
 -> 24.8, 20.8 on SQLite, a burst's last first token a little later (TTFT p99 197-232 ->
 217-278 ms), tokens/s the same; at one half, p99 a little lower again but TTFT p99 251-324 ms
-and SQLite's tokens/s 1 % lower. A set-up that comes alone waits at most for the pause the one
-before it earned; with no response generating, a burst goes one a turn without pause.
+and SQLite's tokens/s 1 % lower. With an engine that hands its tokens over as fast as they are
+read (the unpaced benchmark) there is no step for the streams to keep and the pause only
+delayed the new responses (unpaced tokens/s 3-6 % lower on SQLite): it pauses for paced
+generations only. A set-up that comes alone waits at most for the pause the one before it
+earned; with no paced response generating, a burst goes one a turn without pause.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from collections.abc import Callable
 
 __all__ = ["SETUP_SHARE", "TurnGate"]
 
-#: The most of the event loop's time a burst of set-ups takes while responses are generating
+#: The most of the event loop's time a burst of set-ups takes while paced responses generate
 #: (``TurnGate``'s ``share``; the setting ``RESPONSES_LEDGER_SETUP_SHARE``).
 SETUP_SHARE = 2 / 3
 
@@ -45,14 +49,14 @@ def _never() -> bool:
 
 class TurnGate:
     """One caller of ``turn`` a turn of the event loop: the first in a turn goes at once, the
-    others wait, in order, for a turn each. While ``busy()`` (responses are generating), the
+    others wait, in order, for a turn each. While ``busy()`` (paced responses generate), the
     next caller's turn comes no sooner than the last one's took, times ``(1 - share) / share``,
     after it: the callers take at most ``share`` of the loop's time (1: no pause)."""
 
     def __init__(self, busy: Callable[[], bool] = _never, share: float = SETUP_SHARE) -> None:
         if not 0 < share <= 1:
             raise ValueError(f"share must be in (0, 1], got {share!r}")
-        #: Whether responses are generating now (the service's generation tasks).
+        #: Whether paced responses are generating now (``app.feed.Paced``).
         self.busy = busy
         #: The most of the loop's time the callers take while ``busy()``.
         self.share = share

@@ -3,12 +3,15 @@ writer, and the shared budget that pauses a fast engine while its commits lag.""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from app import feed as feed_module
 from app.encoding import load_encoding
-from app.engines.protocol import EngineChunk
-from app.feed import ChunkFeed
+from app.engines.protocol import EngineChunk, Sampling
+from app.engines.scripted import ScriptedEngine
+from app.feed import ChunkFeed, Paced
 from app.live import Backlog, LogWriter, Run
 from domain.builder import ResponseBuilder
 from domain.decoder import HarmonyDecoder
@@ -54,3 +57,48 @@ async def test_a_fast_engine_is_paused_when_the_budget_holds_as_many_tokens_as_i
     store.settle(0)
     await waits[7]  # the commit in flight is durable: the engine goes on
     assert backlog.total == 0 and store.calls[1] == "events 3-11"
+
+
+class _Watched(ChunkFeed):
+    """A feed that notes, at each chunk, whether its generation is counted as paced."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.counted: list[bool] = []
+        self.paced_count = kwargs["paced"]
+
+    def __call__(self, chunk: EngineChunk) -> Any:
+        self.counted.append(bool(self.paced_count))
+        return super().__call__(chunk)
+
+
+async def test_a_generation_its_engine_paces_is_counted_while_it_runs() -> None:
+    """``Paced``, what a burst of new responses' set-ups pauses for (``app.turns``), counts a
+    generation whose engine pushes its chunks at its steps while it runs; one its engine hands
+    over as fast as it is read (the scripted engine unpaced) is not counted."""
+    completion = "<|channel|>final<|message|>one two three four<|return|>"
+    for delay_ms, counted in ((1, True), (0, False)):
+        engine = ScriptedEngine(
+            ENC, ["m"], {"turns": [{"completion": completion, "token_delay_ms": delay_ms}]}
+        )
+        paced = Paced()
+        store = _Store()
+        backlog = Backlog()
+        run = Run(id="resp_1", store=True, background=False, engine_request_id="resp_1")
+        builder = ResponseBuilder(response_skeleton(), new_id=counter_ids())
+        builder.created()
+        feed = _Watched(
+            HarmonyDecoder(ENC, builder),
+            builder,
+            LogWriter(run, store.submit_then, backlog),
+            backlog,
+            StoreHealth(retry_s=1.0),
+            [],
+            hold_last=False,
+            paced=paced,
+        )
+        prompt = ENC.encode("<|start|>user<|message|>count<|end|>", allowed_special="all")
+        await feed.run(engine.generate(prompt, Sampling(), "resp_1"))
+        assert feed.finish_reason == "stop" and len(feed.counted) >= 5
+        assert feed.counted == [counted] * len(feed.counted), (delay_ms, feed.counted)
+        assert not paced and paced.count == 0  # over: no longer counted

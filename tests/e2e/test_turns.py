@@ -1,5 +1,6 @@
 """The server's turn gate (``app.turns``) pauses a burst of new responses' set-ups while
-responses are generating, and only then: it is given the setting and the service's generations."""
+paced responses are generating, and only then: it is given the setting and the service's
+paced generations (``app.feed.Paced``)."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ def test_the_gate_knows_when_responses_are_generating(
         for event in stream:
             seen.append(event.type)
             if event.type == "response.output_text.delta":
-                assert gate.busy()  # its generation runs: set-ups would pause for it
+                assert gate.busy()  # its paced generation runs: set-ups would pause for it
         assert seen[-1] == "response.completed"
     deadline = time.monotonic() + 10  # (another test's response may still be ending)
     while gate.busy() and time.monotonic() < deadline:
