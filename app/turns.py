@@ -21,7 +21,8 @@ engine's scheduler puts the running requests' next tokens before new prompts. Me
 paced streams against one a turn, two pairs each (bench/RESULTS.md, twenty-fifth session): at
 two thirds, the added latency's p99 16.2, 17.7 -> 13.2, 16.0 ms on PostgreSQL and 34.2, 26.3
 -> 24.8, 20.8 on SQLite, a burst's last first token a little later (TTFT p99 197-232 ->
-217-278 ms), tokens/s the same; at one half, p99 a little lower again but TTFT p99 251-324 ms
+217-278 ms), tokens/s the same (0.01 of the peer's lower when the VM ran slower: each stream's
+cycle is a little longer); at one half, p99 a little lower again but TTFT p99 251-324 ms
 and SQLite's tokens/s 1 % lower. With an engine that hands its tokens over as fast as they are
 read (the unpaced benchmark) there is no step for the streams to keep and the pause only
 delayed the new responses (unpaced tokens/s 3-6 % lower on SQLite): it pauses for paced
