@@ -16,7 +16,7 @@ from tests.e2e.conftest import MODEL, harmony
 from tests.support.server import RunningServer, serve
 
 
-def test_the_gate_knows_when_responses_are_generating(
+def test_the_gate_knows_when_paced_responses_are_generating(
     client: OpenAI, ledger: RunningServer, engine: ScriptedEngine
 ) -> None:
     gate = ledger.service.turns
