@@ -25,8 +25,8 @@ two thirds, the added latency's p99 16.2, 17.7 -> 13.2, 16.0 ms on PostgreSQL an
 cycle is a little longer); at one half, p99 a little lower again but TTFT p99 251-324 ms
 and SQLite's tokens/s 1 % lower. With an engine that hands its tokens over as fast as they are
 read (the unpaced benchmark) there is no step for the streams to keep and the pause only
-delayed the new responses (unpaced tokens/s 3-6 % lower on SQLite): it pauses for paced
-generations only. A set-up that comes alone waits at most for the pause the one before it
+delayed the new responses (unpaced, SQLite's tokens/s 1-7 % lower in five cells of six): it
+pauses for paced generations only. A set-up that comes alone waits at most for the pause the one before it
 earned; with no paced response generating, a burst goes one a turn without pause.
 """
 
