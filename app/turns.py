@@ -62,6 +62,8 @@ class TurnGate:
         #: The most of the loop's time the callers take while ``busy()``.
         self.share = share
         self._rest = (1 - share) / share  # the pause after a turn, per second the turn took
+        #: Pauses taken since the gate was made (one a set-up while ``busy()``, share < 1).
+        self.pauses = 0
         self._waiting: deque[asyncio.Future[None]] = deque()
         self._taken = False  # this turn's caller has gone
         self._given_at: float | None = None  # when the last turn was given (perf_counter)
@@ -88,10 +90,12 @@ class TurnGate:
         callbacks come after both). The loop's own clock is not used to time the turn: uvloop's
         counts whole milliseconds."""
         loop = asyncio.get_running_loop()
+        # (after the pause this runs again, with no turn given since: the next one goes now)
         given, self._given_at = self._given_at, None
         if given is not None and self._rest and self.busy():
             pause = (time.perf_counter() - given) * self._rest
             if pause > 0:
+                self.pauses += 1
                 loop.call_later(pause, self._next)
                 return
         waiting = self._waiting

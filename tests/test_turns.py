@@ -105,8 +105,10 @@ async def test_while_responses_generate_a_burst_takes_at_most_its_share_of_the_l
     took, and the loop's other callbacks run in that time; at a quarter, three times as long;
     at the default (two thirds), half as long."""
     setup_s = 0.004
-    pauses, ran = await _burst(TurnGate(lambda: True, share=0.5), setup_s)
+    gate = TurnGate(lambda: True, share=0.5)
+    pauses, ran = await _burst(gate, setup_s)
     assert all(p >= 0.8 * setup_s for p in pauses), pauses
+    assert gate.pauses == 4  # one after each set-up's turn
     assert all(n > 10 for n in ran), ran  # the streams' turns, not only the next set-up's
     pauses, _ = await _burst(TurnGate(lambda: True, share=0.25), setup_s)
     assert all(p >= 0.8 * 3 * setup_s for p in pauses), pauses
@@ -118,6 +120,7 @@ async def test_with_nothing_generating_or_a_share_of_one_a_burst_goes_one_a_turn
     for gate in (TurnGate(lambda: False), TurnGate(lambda: True, share=1.0), TurnGate()):
         _, ran = await _burst(gate, 0.004)
         assert all(n <= 2 for n in ran), ran  # the next set-up in the next turn or so
+        assert gate.pauses == 0
 
 
 def test_a_share_outside_zero_to_one_is_refused() -> None:

@@ -19,10 +19,12 @@ from tests.support.server import RunningServer, serve
 def test_the_gate_knows_when_paced_responses_are_generating(
     client: OpenAI, ledger: RunningServer, engine: ScriptedEngine
 ) -> None:
+    """Requests made while a paced response streams each pause the next set-up; made when
+    none generates (the echo engine unpaced), none does."""
     gate = ledger.service.turns
     assert gate.share == SETUP_SHARE  # the setting's default (the fixture sets none)
     engine.add_turns(
-        {"completion": harmony(("final", "one two three four five six")), "token_delay_ms": 50}
+        {"completion": harmony(("final", "one two three four five six")), "token_delay_ms": 100}
     )
     with client.responses.create(model=MODEL, input="count", stream=True) as stream:
         seen = []
@@ -30,11 +32,21 @@ def test_the_gate_knows_when_paced_responses_are_generating(
             seen.append(event.type)
             if event.type == "response.output_text.delta":
                 assert gate.busy()  # its paced generation runs: set-ups would pause for it
+                if seen.count(event.type) == 1:  # a few requests while it streams
+                    before = gate.pauses
+                    for _ in range(3):
+                        made = client.responses.create(model=MODEL, input="beside it")
+                        assert made.status == "completed"
+                    assert gate.pauses >= before + 3
         assert seen[-1] == "response.completed"
     deadline = time.monotonic() + 10  # (another test's response may still be ending)
     while gate.busy() and time.monotonic() < deadline:
         time.sleep(0.01)
     assert not gate.busy()
+    before = gate.pauses
+    for _ in range(3):
+        assert client.responses.create(model=MODEL, input="alone").status == "completed"
+    assert gate.pauses == before  # nothing paced generates: no pause
 
 
 def test_the_gate_takes_the_setup_share_setting(tmp_path: Path, engine: ScriptedEngine) -> None:
