@@ -127,6 +127,14 @@ def _parser() -> argparse.ArgumentParser:
         "together; tokens/s then includes the ramp, so read the latency",
     )
     run.add_argument(
+        "--open-loop",
+        action="store_true",
+        help="paced runs: the streams arrive as a Poisson process, C a stream's duration (C in "
+        "flight on average), whatever the server's pace, as a public service's requests do; a "
+        "server that falls behind then holds more streams. The latency counts the streams "
+        "after the first duration (the run starts empty)",
+    )
+    run.add_argument(
         "--quiet-timeout",
         type=float,
         default=30.0,
@@ -177,6 +185,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(
             "--stagger needs --token-delay-ms: only a paced stream has a duration to spread the starts over"
         )
+    if args.command == "run" and args.open_loop and not args.token_delay_ms:
+        parser.error(
+            "--open-loop needs --token-delay-ms: the arrival rate is C a paced stream's duration"
+        )
+    if args.command == "run" and args.open_loop and args.stagger:
+        parser.error("--open-loop and --stagger: one or the other (an open loop has no workers)")
     if args.command == "run":
         # --profile and --turns run the server under a wrapper (cProfile; asyncio's loop instead
         # of uvloop, and timers): what another of the three would then measure is the wrapper
@@ -217,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         quiet_timeout_s=args.quiet_timeout,
         warmup=not args.no_warmup,
         stagger=args.stagger,
+        open_loop=args.open_loop,
         keep_workdirs=args.keep_workdirs,
         profile_dir=args.profile,
         sample_dir=args.sample,

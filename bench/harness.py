@@ -122,6 +122,11 @@ class MatrixConfig:
     #: end and start again one by one, as on a live server, instead of all together (paced
     #: runs only). Tokens/s then counts the ramp up and down: read the latency.
     stagger: bool = False
+    #: Open loop (paced runs only): the streams arrive as a Poisson process at ``C`` streams a
+    #: stream's duration (so ``C`` are in flight on average) whatever the server's pace, instead
+    #: of ``C`` workers each starting its next stream when its last has ended; the latency
+    #: counts the streams that start after the first stream's duration (the run starts empty).
+    open_loop: bool = False
     keep_workdirs: bool = False
     workdir_root: Path | None = None
     #: Profile every measured run's server under cProfile (``bench.profiled``) and keep the
@@ -187,6 +192,9 @@ class RunResult:
     #: reports no commits).
     slow_commits: int | None = None
     commits: int | None = None
+    #: Open loop: the streams the load generator started over a millisecond after their
+    #: arrival time (then it, not the server, shaped the load); None in a closed loop.
+    late_arrivals: int | None = None
     failure: str | None = None
 
 
@@ -547,8 +555,16 @@ def _run_loadgen(
         argv += ["--max-seconds", str(config.max_run_seconds)]
     if config.turns_dir is not None and times_dir is not None:
         argv += ["--samples", str(LATENCY_SAMPLES)]  # the deltas over the run (bench.turns)
-    if config.stagger and config.token_delay_ms:
-        argv += ["--stagger-seconds", str(config.tokens * config.token_delay_ms / 1000)]
+    duration_s = config.tokens * config.token_delay_ms / 1000
+    if config.stagger and duration_s:
+        argv += ["--stagger-seconds", str(duration_s)]
+    if config.open_loop and duration_s:
+        argv += [
+            "--arrival-rate",
+            str(concurrency / duration_s),
+            "--measure-from-seconds",
+            str(duration_s),
+        ]
     proc = subprocess.Popen(
         _pinned(config.loadgen_cpus, argv, config.nice),
         cwd=REPO_ROOT,
@@ -646,6 +662,12 @@ def _measure(
         result.latency_p99_ms = latency["p99"]
         if report["latency_mid_ms"]["n"]:  # (none when streams have 20 deltas or fewer)
             result.latency_mid_p99_ms = report["latency_mid_ms"]["p99"]
+    result.late_arrivals = report.get("late_arrivals")
+    if result.late_arrivals:
+        config.log(
+            f"  {result.late_arrivals} of {report['streams']} streams started over 1 ms after "
+            "their arrival time: the load generator fell behind its schedule"
+        )
     if report["ttft_ms"]["n"]:
         result.ttft_p50_ms = report["ttft_ms"]["p50"]
         result.ttft_p99_ms = report["ttft_ms"]["p99"]
@@ -1124,6 +1146,13 @@ def render_markdown(
             if config.rounds > 1
             else " (medians)"
         )
+        + (
+            "; open loop: Poisson arrivals, C streams a stream's duration (C in flight on "
+            "average), latency of the streams after the first duration"
+            if config.open_loop and config.token_delay_ms
+            else ""
+        )
+        + ("; starts spread over a stream's duration" if config.stagger else "")
         + f", {pin}",
         "- Targets: " + "; ".join(f"**{t.name}**: {t.description}" for t in targets),
         "",

@@ -2,7 +2,10 @@
 
 It runs in its own process (the harness pins it to its own core) and opens ``C`` keep-alive
 HTTP/1.1 connections; each connection issues ``K`` streaming requests one after the other, so
-``C`` streams are in flight at all times. Every stream is read to its end.
+``C`` streams are in flight at all times (a closed loop). With ``--arrival-rate`` the loop is
+open instead: ``C x K`` streams start as a Poisson process of that rate whatever the server's
+pace, on whichever connection is free, as a public service's requests arrive; a server that
+falls behind then holds more streams, not fewer. Every stream is read to its end.
 
 Why a hand-rolled client: a general HTTP client plus an SSE parser costs tens of microseconds per
 event in Python, as much as the server being measured, so the load generator would become the
@@ -407,6 +410,16 @@ class LoadConfig:
     #: Worker ``i`` waits ``i * stagger_s / concurrency`` before its first request: the streams'
     #: starts, and so their ends, are spread over ``stagger_s`` instead of all coming at once.
     stagger_s: float = 0.0
+    #: Open loop: new streams arrive as a Poisson process at this many a second whatever the
+    #: server's pace, ``concurrency * streams_per_worker`` of them (0: closed loop, each of the
+    #: ``concurrency`` workers starting its next stream when its last has ended). Streams share
+    #: keep-alive connections, ``concurrency`` opened first and more when all are busy.
+    arrival_rate: float = 0.0
+    #: The seed of the open loop's arrival times (the same seed, the same schedule).
+    arrival_seed: int = 0
+    #: Latency and time to first delta count only the streams that start this long after the
+    #: run does (an open loop starts empty and fills for one stream's duration).
+    measure_from_s: float = 0.0
 
     def request_bytes(self) -> bytes:
         parts = urlsplit(self.url)
@@ -516,6 +529,62 @@ async def _latency(config: LoadConfig, readers: list[StreamReader]) -> dict:
     }
 
 
+def arrival_offsets_ns(rate: float, count: int, seed: int) -> list[int]:
+    """When each of ``count`` streams of an open loop starts, in ns after the first: a Poisson
+    process of ``rate`` a second (independent exponential gaps), the same for the same seed."""
+    if rate <= 0:
+        raise ValueError(f"an arrival rate must be positive, got {rate!r}")
+    draw = random.Random(seed).expovariate
+    offsets, at = [], 0.0
+    for _ in range(count):
+        offsets.append(int(at * 1e9))
+        at += draw(rate)
+    return offsets
+
+
+async def _open_loop(
+    config: LoadConfig,
+    host: str,
+    port: int,
+    request: bytes,
+    conns: list[_Connection],
+    readers: list[StreamReader],
+    t0: int,
+    deadline: int | None,
+) -> int:
+    """Start ``config``'s streams at their arrival times (``arrival_offsets_ns`` after ``t0``)
+    and read each to its end; returns how many started over a millisecond late (the load
+    generator behind its schedule: then it, not the server, shaped the load)."""
+    idle = list(conns)
+    tasks: list[asyncio.Task[None]] = []
+    late = 0
+
+    async def stream(reader: StreamReader) -> None:
+        conn = idle.pop() if idle else None
+        if conn is None or conn.closed:
+            conn = await _connect(host, port)
+            conns.append(conn)
+        await conn.exchange(request, reader, config.timeout_s)
+        if not conn.closed:
+            idle.append(conn)
+
+    total = config.concurrency * config.streams_per_worker
+    for offset in arrival_offsets_ns(config.arrival_rate, total, config.arrival_seed):
+        at = t0 + offset
+        if deadline is not None and at >= deadline:
+            break
+        wait = at - monotonic_ns()
+        if wait > 0:
+            await asyncio.sleep(wait / 1e9)
+        elif wait < -1_000_000:
+            late += 1
+        reader = StreamReader(config.expected_events, config.token_marker, config.expected_tokens)
+        readers.append(reader)
+        tasks.append(asyncio.create_task(stream(reader)))
+    await asyncio.gather(*tasks)
+    return late
+
+
 async def run_load(config: LoadConfig) -> dict:
     """Run the load described by ``config``; returns the JSON-serialisable report."""
     parts = urlsplit(config.url)
@@ -545,7 +614,11 @@ async def run_load(config: LoadConfig) -> dict:
     t0 = monotonic_ns()
     if config.max_seconds:
         deadline = t0 + int(config.max_seconds * 1e9)
-    await asyncio.gather(*(worker(i) for i in range(config.concurrency)))
+    late: int | None = None
+    if config.arrival_rate > 0:
+        late = await _open_loop(config, host, port, request, conns, readers, t0, deadline)
+    else:
+        await asyncio.gather(*(worker(i) for i in range(config.concurrency)))
     t1 = monotonic_ns()
     cpu1 = time.process_time()
     ru1 = resource.getrusage(resource.RUSAGE_SELF)
@@ -558,7 +631,10 @@ async def run_load(config: LoadConfig) -> dict:
     deltas = sum(r.deltas for r in readers)
     events = sum(r.events for r in readers)
     errors = [f"stream {i}: {r.error}" for i, r in enumerate(readers) if r.error]
-    ttft = array("q", (r.first_delta_ns - r.t_start for r in readers if r.first_delta_ns))
+    # the streams whose latency counts: all of them, or those that started in the steady state
+    start_from = t0 + int(config.measure_from_s * 1e9)
+    measured = [r for r in readers if r.t_start >= start_from]
+    ttft = array("q", (r.first_delta_ns - r.t_start for r in measured if r.first_delta_ns))
     report: dict = {
         "url": config.url,
         "concurrency": config.concurrency,
@@ -584,9 +660,14 @@ async def run_load(config: LoadConfig) -> dict:
         },
         "t0_ns": t0,
         "t1_ns": t1,
+        "measured_streams": len(measured),
     }
+    if late is not None:
+        report["arrival_rate"] = config.arrival_rate
+        report["late_arrivals"] = late
+        report["max_connections"] = len(conns)
     if config.token_times_dir is not None:
-        report.update(await _latency(config, readers))
+        report.update(await _latency(config, measured))
     return report
 
 
@@ -640,6 +721,20 @@ def main(argv: list[str] | None = None) -> None:
         help="spread the workers' first requests evenly over this many seconds (default 0: all at once)",
     )
     parser.add_argument(
+        "--arrival-rate",
+        type=float,
+        default=0.0,
+        help="open loop: start concurrency x streams-per-worker streams as a Poisson process of "
+        "this many a second, whatever the server's pace (default 0: closed loop)",
+    )
+    parser.add_argument("--arrival-seed", type=int, default=0)
+    parser.add_argument(
+        "--measure-from-seconds",
+        type=float,
+        default=0.0,
+        help="latency and time to first delta of the streams that start this long into the run only",
+    )
+    parser.add_argument(
         "--loop",
         default="auto",
         choices=["auto", "asyncio", "uvloop"],
@@ -647,6 +742,10 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--out", type=Path, default=None, help="write the JSON here (else stdout)")
     args = parser.parse_args(argv)
+    if args.arrival_rate and args.stagger_seconds:
+        parser.error("--stagger-seconds spreads a closed loop's workers; an open loop has none")
+    if args.arrival_rate < 0:
+        parser.error("--arrival-rate takes a positive rate, or 0 for a closed loop")
     raw = args.body.encode() if args.body is not None else args.body_file.read_bytes()
     json.loads(raw)  # fail early on a malformed template
     config = LoadConfig(
@@ -663,6 +762,9 @@ def main(argv: list[str] | None = None) -> None:
         timeout_s=args.timeout,
         samples=args.samples,
         stagger_s=args.stagger_seconds,
+        arrival_rate=args.arrival_rate,
+        arrival_seed=args.arrival_seed,
+        measure_from_s=args.measure_from_seconds,
     )
     report = _run(run_load(config), args.loop)
     text = json.dumps(report)

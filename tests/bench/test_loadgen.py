@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import itertools
 import json
 from array import array
 
@@ -169,6 +171,117 @@ def test_stagger_without_a_paced_engine_is_refused(capsys):
         main(["run", "--stagger", "--target", "naive"])
     assert exit_info.value.code == 2
     assert "--stagger needs --token-delay-ms" in capsys.readouterr().err
+
+
+def test_open_loop_arrivals_are_a_seeded_poisson_process():
+    """``arrival_offsets_ns``: the first stream at 0, then independent exponential gaps of mean
+    1 / rate (a Poisson process: the gaps' spread as large as their mean), the same schedule for
+    the same seed and another for another seed; a rate that is not positive is refused."""
+    from bench.loadgen import arrival_offsets_ns
+
+    offsets = arrival_offsets_ns(100.0, 20_000, seed=7)
+    assert offsets[0] == 0 and offsets == sorted(offsets)
+    gaps = [(b - a) / 1e9 for a, b in itertools.pairwise(offsets)]
+    mean = sum(gaps) / len(gaps)
+    spread = (sum((g - mean) ** 2 for g in gaps) / len(gaps)) ** 0.5
+    assert 0.0097 < mean < 0.0103
+    assert 0.9 < spread / mean < 1.1  # (evenly spaced starts would give 0)
+    assert arrival_offsets_ns(100.0, 50, seed=7) == offsets[:50]
+    assert arrival_offsets_ns(100.0, 50, seed=8) != offsets[:50]
+    for rate in (0.0, -1.0):
+        with pytest.raises(ValueError, match="positive"):
+            arrival_offsets_ns(rate, 5, seed=0)
+
+
+def test_an_open_loop_starts_each_stream_on_schedule_whatever_the_servers_pace():
+    """With ``arrival_rate``, streams start at their arrival times even while every connection
+    is busy (a server that holds each response 0.4 s gets 8 streams within ~0.4 s from a
+    2-connection pool, which then grows), every stream is still read whole, and the latency
+    figures count only the streams that start after ``measure_from_s``."""
+    from bench.loadgen import arrival_offsets_ns, run_load
+
+    response = chunked(naive_frames(3))
+    arrivals: list[float] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            try:
+                head = await reader.readuntil(b"\r\n\r\n")
+            except asyncio.IncompleteReadError:
+                break
+            length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+            await reader.readexactly(length)
+            arrivals.append(asyncio.get_running_loop().time())
+            await asyncio.sleep(0.4)
+            writer.write(response)
+            await writer.drain()
+        writer.close()
+
+    rate, seed = 20.0, 3
+    config = LoadConfig(
+        url="",  # set below
+        body=b'{"stream":true}',
+        concurrency=2,
+        streams_per_worker=4,
+        expected_events=3 + 8,
+        arrival_rate=rate,
+        arrival_seed=seed,
+        measure_from_s=0.1,
+    )
+
+    async def main() -> tuple[dict, float]:
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        start = asyncio.get_running_loop().time()
+        report = await run_load(
+            dataclasses.replace(config, url=f"http://127.0.0.1:{port}/v1/responses")
+        )
+        await asyncio.sleep(0.1)
+        server.close()
+        return report, start
+
+    report, start = asyncio.run(main())
+    assert report["errors"] == [] and report["streams"] == 8
+    assert report["per_stream_events"] == [11] * 8
+    offsets = [o / 1e9 for o in arrival_offsets_ns(rate, 8, seed)]
+    seen = sorted(t - start for t in arrivals)
+    for planned, at in zip(offsets, seen, strict=True):
+        assert planned <= at < planned + 0.15, (offsets, seen)
+    # a closed loop of two connections would have taken four rounds of 0.4 s
+    assert report["wall_s"] < offsets[-1] + 0.4 + 0.5
+    assert report["max_connections"] > 2 and report["late_arrivals"] == 0
+    assert report["arrival_rate"] == rate
+    assert report["measured_streams"] == sum(1 for o in offsets if o >= 0.1)
+    assert report["ttft_ms"]["n"] == report["measured_streams"]
+
+
+def test_open_loop_flags_that_cannot_apply_are_refused(capsys):
+    """``bench run --open-loop`` needs a paced stream's duration for its rate and excludes
+    ``--stagger``; ``bench.loadgen`` refuses ``--arrival-rate`` with ``--stagger-seconds``, and a
+    negative rate: each says why rather than running something else."""
+    from bench.__main__ import main
+    from bench.loadgen import main as loadgen_main
+
+    for argv, message in (
+        (["run", "--open-loop", "--target", "naive"], "--open-loop needs --token-delay-ms"),
+        (
+            ["run", "--open-loop", "--stagger", "--token-delay-ms", "10", "--target", "naive"],
+            "--open-loop and --stagger",
+        ),
+    ):
+        with pytest.raises(SystemExit) as exit_info:
+            main(argv)
+        assert exit_info.value.code == 2
+        assert message in capsys.readouterr().err
+    base = ["--url", "http://127.0.0.1:9/v1/responses", "--body", "{}"]
+    for extra, message in (
+        (["--arrival-rate", "5", "--stagger-seconds", "1"], "an open loop has none"),
+        (["--arrival-rate", "-1"], "positive rate"),
+    ):
+        with pytest.raises(SystemExit) as exit_info:
+            loadgen_main(base + extra)
+        assert exit_info.value.code == 2
+        assert message in capsys.readouterr().err
 
 
 def test_latency_samples_come_from_all_of_the_streams_deltas(tmp_path):

@@ -72,6 +72,50 @@ def test_run_naive_targets_end_to_end(tmp_path):
 
 
 @pytest.mark.slow
+def test_run_open_loop_end_to_end(tmp_path):
+    """``bench run --open-loop``: the load generator gets the arrival rate (C a stream's paced
+    duration), every stream is read whole, the run records how many started late, and the
+    report says the loop was open."""
+    out = tmp_path / "bench.json"
+    results = tmp_path / "RESULTS.md"
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "bench",
+            "run",
+            "--target",
+            "naive",
+            "--concurrency",
+            "4",
+            "--reps",
+            "1",
+            "--tokens",
+            "10",
+            "--token-delay-ms",
+            "10",
+            "--total-tokens",
+            "200",
+            "--open-loop",
+            "--no-warmup",
+            *UNPINNED,
+            "--json",
+            str(out),
+            "--write-results",
+            str(results),
+        ],
+    )
+    report = json.loads(out.read_text())
+    (run_,) = report["runs"]
+    # 200 tokens at 10 a stream: 5 a worker, 20 arrivals at 4 / 0.1 s = 40 a second
+    assert run_["streams"] == 20 and run_["errors"] == 0 and run_["tokens"] == 200
+    assert isinstance(run_["late_arrivals"], int)
+    assert run_["latency_p50_ms"] is not None and run_["ttft_p50_ms"] is not None
+    assert 0.4 < run_["wall_s"] < 5
+    assert "open loop: Poisson arrivals" in results.read_text()
+
+
+@pytest.mark.slow
 @pytest.mark.postgres
 def test_frontends_end_to_end_keeps_the_callers_pythonpath(tmp_path):
     """``bench.frontends`` serves and measures one frontend, and its server and load generator
