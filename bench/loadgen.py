@@ -542,6 +542,10 @@ def arrival_offsets_ns(rate: float, count: int, seed: int) -> list[int]:
     return offsets
 
 
+#: An open loop's free connection is not used again after this long (ns) without a stream.
+_IDLE_LIMIT_NS = 2_000_000_000
+
+
 async def _open_loop(
     config: LoadConfig,
     host: str,
@@ -555,18 +559,27 @@ async def _open_loop(
     """Start ``config``'s streams at their arrival times (``arrival_offsets_ns`` after ``t0``)
     and read each to its end; returns how many started over a millisecond late (the load
     generator behind its schedule: then it, not the server, shaped the load)."""
-    idle = list(conns)
+    # free connections and when each was last released, the most recent last (taken first)
+    idle = [(conn, t0) for conn in conns]
     tasks: list[asyncio.Task[None]] = []
     late = 0
 
     async def stream(reader: StreamReader) -> None:
-        conn = idle.pop() if idle else None
-        if conn is None or conn.closed:
+        conn = None
+        while idle and conn is None:
+            conn, released = idle.pop()
+            # a connection idle this long may be closing on the server's side (uvicorn's
+            # keep-alive timeout is 5 s): a request sent as it closes would fail for nothing
+            if conn.closed or monotonic_ns() - released > _IDLE_LIMIT_NS:
+                if conn.transport is not None:
+                    conn.transport.close()
+                conn = None
+        if conn is None:
             conn = await _connect(host, port)
             conns.append(conn)
         await conn.exchange(request, reader, config.timeout_s)
         if not conn.closed:
-            idle.append(conn)
+            idle.append((conn, monotonic_ns()))
 
     total = config.concurrency * config.streams_per_worker
     for offset in arrival_offsets_ns(config.arrival_rate, total, config.arrival_seed):
@@ -665,7 +678,7 @@ async def run_load(config: LoadConfig) -> dict:
     if late is not None:
         report["arrival_rate"] = config.arrival_rate
         report["late_arrivals"] = late
-        report["max_connections"] = len(conns)
+        report["connections_opened"] = len(conns)
     if config.token_times_dir is not None:
         report.update(await _latency(config, measured))
     return report

@@ -249,10 +249,63 @@ def test_an_open_loop_starts_each_stream_on_schedule_whatever_the_servers_pace()
         assert planned <= at < planned + 0.15, (offsets, seen)
     # a closed loop of two connections would have taken four rounds of 0.4 s
     assert report["wall_s"] < offsets[-1] + 0.4 + 0.5
-    assert report["max_connections"] > 2 and report["late_arrivals"] == 0
+    assert report["connections_opened"] > 2 and report["late_arrivals"] == 0
     assert report["arrival_rate"] == rate
     assert report["measured_streams"] == sum(1 for o in offsets if o >= 0.1)
     assert report["ttft_ms"]["n"] == report["measured_streams"]
+
+
+def test_an_open_loop_does_not_reuse_a_connection_idle_past_its_limit(monkeypatch):
+    """A free connection idle longer than ``_IDLE_LIMIT_NS`` is closed rather than used (the
+    server may be closing it: uvicorn's keep-alive timeout), so streams half a second apart with
+    a limit of 0.1 s each get a new connection, and with the limit at 10 s all share one."""
+    from bench import loadgen
+
+    response = chunked(naive_frames(2))
+
+    def run(limit_ns: int) -> tuple[dict, int]:
+        monkeypatch.setattr(loadgen, "_IDLE_LIMIT_NS", limit_ns)
+        accepted = 0
+
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            nonlocal accepted
+            accepted += 1
+            while True:
+                try:
+                    head = await reader.readuntil(b"\r\n\r\n")
+                except asyncio.IncompleteReadError:
+                    break
+                length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+                await reader.readexactly(length)
+                writer.write(response)
+                await writer.drain()
+            writer.close()
+
+        async def main() -> dict:
+            server = await asyncio.start_server(handle, "127.0.0.1", 0)
+            port = server.sockets[0].getsockname()[1]
+            config = LoadConfig(
+                url=f"http://127.0.0.1:{port}/v1/responses",
+                body=b'{"stream":true}',
+                concurrency=1,
+                streams_per_worker=4,
+                expected_events=2 + 8,
+                arrival_rate=2.0,
+                arrival_seed=0,
+            )
+            report = await loadgen.run_load(config)
+            await asyncio.sleep(0.1)
+            server.close()
+            return report
+
+        return asyncio.run(main()), accepted
+
+    gaps = loadgen.arrival_offsets_ns(2.0, 4, 0)
+    assert min(b - a for a, b in itertools.pairwise(gaps)) > 250_000_000  # (the seed's gaps)
+    report, accepted = run(100_000_000)
+    assert report["errors"] == [] and accepted == 4 and report["connections_opened"] == 4
+    report, accepted = run(10_000_000_000)
+    assert report["errors"] == [] and accepted == 1 and report["connections_opened"] == 1
 
 
 def test_open_loop_flags_that_cannot_apply_are_refused(capsys):
