@@ -11,6 +11,10 @@ subscription, whose writer here only counts and times the bytes. What this leave
 request, the engine and the socket write, is the same for the naive peer (``bench.naive``), so
 this is the part of a paced token's CPU that is the ledger's alone.
 
+Each response ends with its output's done events, not with a terminal one, unless
+``--complete``: then with ``response.completed`` too, so each log's last commit (the row's
+status, what an ending costs the store) is counted; every stream ends in the same commit.
+
 Printed: CPU (user + system, every thread of the process) per token, the commits and events
 per commit, and the lag of each written batch: from the step whose token made its first event
 to the write of its frames, after their commit (p50 / p99). Medians over ``--reps``.
@@ -48,7 +52,7 @@ from app.leases import new_replica
 from app.live import LogWriter, Run
 from app.main import tune_gc
 from app.settings import SERVE_GC_THRESHOLD
-from domain.builder import ResponseBuilder
+from domain.builder import ResponseBuilder, Usage
 from domain.decoder import HarmonyDecoder
 from domain.events import Event
 from persistence.records import NewResponse
@@ -72,7 +76,13 @@ def _builder(response_id: str, counter: itertools.count[int]) -> ResponseBuilder
 
 
 async def _one_run(
-    url: str, streams: int, tokens: int, step_s: float, profile: cProfile.Profile | None = None
+    url: str,
+    streams: int,
+    tokens: int,
+    step_s: float,
+    profile: cProfile.Profile | None = None,
+    *,
+    complete: bool = False,
 ) -> dict[str, float]:
     encoding = load_encoding()
     text = " word" * tokens  # one o200k token a word: one delta a token
@@ -160,6 +170,8 @@ async def _one_run(
         step = time.monotonic()
         for _, builder, writer, decoder, started in runs:
             decoder.finish(truncated=False)
+            if complete:  # the terminal event: the log's last commit, its row's status
+                builder.finish("completed", usage=Usage(), completed_at=int(time.time()))
             push(writer, builder.take(), started, step)
         for _, _, writer, _, _ in runs:
             await writer.drain()
@@ -182,24 +194,33 @@ async def _one_run(
         "lag_p99_ms": lags[int(len(lags) * 0.99)] * 1000,
         "bytes": written[0],
         "tokens": pushed,
+        "events": events,
     }
 
 
 async def _run_on(
-    backend: str, streams: int, tokens: int, step_s: float, profile: cProfile.Profile | None = None
+    backend: str,
+    streams: int,
+    tokens: int,
+    step_s: float,
+    profile: cProfile.Profile | None = None,
+    *,
+    complete: bool = False,
 ) -> dict[str, float]:
     if backend == "sqlite":
         with tempfile.TemporaryDirectory() as tmp:
             url = f"sqlite+aiosqlite:///{Path(tmp) / 'ledger.db'}"
-            return await _one_run(url, streams, tokens, step_s, profile)
+            return await _one_run(url, streams, tokens, step_s, profile, complete=complete)
     async with fresh_database("bench_paced") as url:
-        return await _one_run(url, streams, tokens, step_s, profile)
+        return await _one_run(url, streams, tokens, step_s, profile, complete=complete)
 
 
-async def _calls(backend: str, streams: int, tokens: int, step_s: float) -> dict[str, float]:
+async def _calls(
+    backend: str, streams: int, tokens: int, step_s: float, *, complete: bool
+) -> dict[str, float]:
     """Function calls a token in one run under ``cProfile`` (see the module docstring)."""
     profile = cProfile.Profile()
-    result = await _run_on(backend, streams, tokens, step_s, profile)
+    result = await _run_on(backend, streams, tokens, step_s, profile, complete=complete)
     counts = pstats.Stats(profile).stats  # type: ignore[attr-defined]
     pushed = result["tokens"]
     # a key's file is "~" for a C function (a builtin, a method of a C type)
@@ -223,22 +244,34 @@ async def main() -> int:
         action="store_true",
         help="also count the function calls a token, in one more run under cProfile",
     )
+    parser.add_argument(
+        "--complete",
+        action="store_true",
+        help="end each response with its terminal event (response.completed), so each log's "
+        "last commit and its row's status change are counted too (here every stream ends in "
+        "the same commit, as in a wave)",
+    )
     args = parser.parse_args()
     backends = ["sqlite", "postgres"] if args.backend == "both" else [args.backend]
     print(
         f"{args.streams} streams x {args.tokens} tokens, a step every {args.step_ms:g} ms, median of {args.reps}"
+        + (", each response completed" if args.complete else "")
     )
     print("| store | us/token | CPU | commits | events/commit | lag p50 ms | lag p99 ms |")
     print("|---|--:|--:|--:|--:|--:|--:|")
     calls: dict[str, dict[str, float]] = {}
     for backend in backends:
         results = [
-            await _run_on(backend, args.streams, args.tokens, args.step_ms / 1000)
+            await _run_on(
+                backend, args.streams, args.tokens, args.step_ms / 1000, complete=args.complete
+            )
             for _ in range(args.reps)
         ]
         med = {k: statistics.median(r[k] for r in results) for k in results[0]}
         if args.calls:
-            calls[backend] = await _calls(backend, args.streams, args.tokens, args.step_ms / 1000)
+            calls[backend] = await _calls(
+                backend, args.streams, args.tokens, args.step_ms / 1000, complete=args.complete
+            )
         if args.json:
             print(
                 json.dumps({"backend": backend, **med, **calls.get(backend, {}), "runs": results})

@@ -49,3 +49,42 @@ def test_paced_path_runs_every_token_through_a_real_store_and_reports_it() -> No
     # calls (C functions too)
     assert 5 < report["python_calls_per_token"] < report["calls_per_token"] < 1000
     assert "| store | Python calls/token | all calls/token |" in proc.stdout
+
+
+def _paced_path(*extra: str) -> dict:
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.paced_path",
+            "--backend",
+            "sqlite",
+            "--streams",
+            "3",
+            "--tokens",
+            "5",
+            "--step-ms",
+            "1",
+            "--reps",
+            "1",
+            "--json",
+            *extra,
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("{")))
+
+
+@pytest.mark.slow
+def test_complete_ends_each_response_with_its_terminal_event() -> None:
+    """``--complete``: each of the 3 responses also commits its ``response.completed``, one
+    event more a stream than without (whose responses end with their output's done events)."""
+    plain = _paced_path()["runs"][0]
+    complete = _paced_path("--complete")["runs"][0]
+    # (each stream's tokens: the channel header's, the five words', the closing <|return|>)
+    assert plain["tokens"] == complete["tokens"] == 3 * (3 + 5 + 1)
+    assert complete["events"] == plain["events"] + 3
