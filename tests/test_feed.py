@@ -65,10 +65,9 @@ class _Watched(ChunkFeed):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.counted: list[bool] = []
-        self.paced_count = kwargs["paced"]
 
     def __call__(self, chunk: EngineChunk) -> Any:
-        self.counted.append(bool(self.paced_count))
+        self.counted.append(bool(self._paced))
         return super().__call__(chunk)
 
 

@@ -120,44 +120,67 @@ def test_http_error_is_reported_with_its_body():
     )
 
 
+class _Served:
+    """A keep-alive HTTP/1.1 server for the load generator's runs: it answers each request on a
+    connection with ``response``, ``hold_s`` after reading it, and records when each request
+    arrived (seconds after the run's start, sorted) and how many connections it accepted."""
+
+    def __init__(self, response: bytes, hold_s: float = 0.0) -> None:
+        self.response = response
+        self.hold_s = hold_s
+        self.arrivals: list[float] = []
+        self.connections = 0
+        self._times: list[float] = []
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        while True:
+            try:
+                head = await reader.readuntil(b"\r\n\r\n")
+            except asyncio.IncompleteReadError:
+                break  # the client closed the connection
+            length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+            await reader.readexactly(length)
+            self._times.append(asyncio.get_running_loop().time())
+            if self.hold_s:
+                await asyncio.sleep(self.hold_s)
+            writer.write(self.response)
+            await writer.drain()
+        writer.close()
+
+    def run(self, config: LoadConfig) -> dict:
+        """``run_load(config)`` against this server (``config.url`` is set to it)."""
+        from bench.loadgen import run_load
+
+        async def main() -> dict:
+            server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+            port = server.sockets[0].getsockname()[1]
+            start = asyncio.get_running_loop().time()
+            url = f"http://127.0.0.1:{port}/v1/responses"
+            report = await run_load(dataclasses.replace(config, url=url))
+            await asyncio.sleep(0.1)  # the handlers see the client close its connections
+            server.close()
+            self.arrivals = sorted(t - start for t in self._times)
+            return report
+
+        return asyncio.run(main())
+
+
 def test_stagger_spreads_the_workers_first_requests():
     """``stagger_s``: worker i sends its first request i * stagger_s / concurrency seconds in,
     and every stream is still read whole."""
-    from bench.loadgen import LoadConfig, run_load
-
-    response = chunked(naive_frames(3))
-    arrivals: list[float] = []
-
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        head = await reader.readuntil(b"\r\n\r\n")
-        length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
-        await reader.readexactly(length)
-        arrivals.append(asyncio.get_running_loop().time())
-        writer.write(response)
-        await writer.drain()
-        await reader.read()  # until the client closes
-        writer.close()
-
-    async def main() -> dict:
-        server = await asyncio.start_server(handle, "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
-        start = asyncio.get_running_loop().time()
-        config = LoadConfig(
-            url=f"http://127.0.0.1:{port}/v1/responses",
+    served = _Served(chunked(naive_frames(3)))
+    report = served.run(
+        LoadConfig(
+            url="",  # (the server's)
             body=b'{"stream":true}',
             concurrency=4,
             expected_events=3 + 8,
             stagger_s=0.8,
         )
-        report = await run_load(config)
-        await asyncio.sleep(0.1)  # the handlers see the client close its connections
-        server.close()
-        arrivals[:] = [t - start for t in arrivals]
-        return report
-
-    report = asyncio.run(main())
+    )
     assert report["errors"] == [] and report["streams"] == 4
-    arrivals.sort()
+    arrivals = served.arrivals
     for i, at in enumerate(arrivals):
         assert i * 0.2 <= at < i * 0.2 + 0.15, arrivals
 
@@ -198,53 +221,26 @@ def test_an_open_loop_starts_each_stream_on_schedule_whatever_the_servers_pace()
     is busy (a server that holds each response 0.4 s gets 8 streams within ~0.4 s from a
     2-connection pool, which then grows), every stream is still read whole, and the latency
     figures count only the streams that start after ``measure_from_s``."""
-    from bench.loadgen import arrival_offsets_ns, run_load
-
-    response = chunked(naive_frames(3))
-    arrivals: list[float] = []
-
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        while True:
-            try:
-                head = await reader.readuntil(b"\r\n\r\n")
-            except asyncio.IncompleteReadError:
-                break
-            length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
-            await reader.readexactly(length)
-            arrivals.append(asyncio.get_running_loop().time())
-            await asyncio.sleep(0.4)
-            writer.write(response)
-            await writer.drain()
-        writer.close()
+    from bench.loadgen import arrival_offsets_ns
 
     rate, seed = 20.0, 3
-    config = LoadConfig(
-        url="",  # set below
-        body=b'{"stream":true}',
-        concurrency=2,
-        streams_per_worker=4,
-        expected_events=3 + 8,
-        arrival_rate=rate,
-        arrival_seed=seed,
-        measure_from_s=0.1,
-    )
-
-    async def main() -> tuple[dict, float]:
-        server = await asyncio.start_server(handle, "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
-        start = asyncio.get_running_loop().time()
-        report = await run_load(
-            dataclasses.replace(config, url=f"http://127.0.0.1:{port}/v1/responses")
+    served = _Served(chunked(naive_frames(3)), hold_s=0.4)
+    report = served.run(
+        LoadConfig(
+            url="",  # (the server's)
+            body=b'{"stream":true}',
+            concurrency=2,
+            streams_per_worker=4,
+            expected_events=3 + 8,
+            arrival_rate=rate,
+            arrival_seed=seed,
+            measure_from_s=0.1,
         )
-        await asyncio.sleep(0.1)
-        server.close()
-        return report, start
-
-    report, start = asyncio.run(main())
+    )
     assert report["errors"] == [] and report["streams"] == 8
     assert report["per_stream_events"] == [11] * 8
     offsets = [o / 1e9 for o in arrival_offsets_ns(rate, 8, seed)]
-    seen = sorted(t - start for t in arrivals)
+    seen = served.arrivals
     for planned, at in zip(offsets, seen, strict=True):
         assert planned <= at < planned + 0.15, (offsets, seen)
     # a closed loop of two connections would have taken four rounds of 0.4 s
@@ -261,31 +257,12 @@ def test_an_open_loop_does_not_reuse_a_connection_idle_past_its_limit(monkeypatc
     a limit of 0.1 s each get a new connection, and with the limit at 10 s all share one."""
     from bench import loadgen
 
-    response = chunked(naive_frames(2))
-
     def run(limit_ns: int) -> tuple[dict, int]:
         monkeypatch.setattr(loadgen, "_IDLE_LIMIT_NS", limit_ns)
-        accepted = 0
-
-        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            nonlocal accepted
-            accepted += 1
-            while True:
-                try:
-                    head = await reader.readuntil(b"\r\n\r\n")
-                except asyncio.IncompleteReadError:
-                    break
-                length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
-                await reader.readexactly(length)
-                writer.write(response)
-                await writer.drain()
-            writer.close()
-
-        async def main() -> dict:
-            server = await asyncio.start_server(handle, "127.0.0.1", 0)
-            port = server.sockets[0].getsockname()[1]
-            config = LoadConfig(
-                url=f"http://127.0.0.1:{port}/v1/responses",
+        served = _Served(chunked(naive_frames(2)))
+        report = served.run(
+            LoadConfig(
+                url="",  # (the server's)
                 body=b'{"stream":true}',
                 concurrency=1,
                 streams_per_worker=4,
@@ -293,12 +270,8 @@ def test_an_open_loop_does_not_reuse_a_connection_idle_past_its_limit(monkeypatc
                 arrival_rate=2.0,
                 arrival_seed=0,
             )
-            report = await loadgen.run_load(config)
-            await asyncio.sleep(0.1)
-            server.close()
-            return report
-
-        return asyncio.run(main()), accepted
+        )
+        return report, served.connections
 
     gaps = loadgen.arrival_offsets_ns(2.0, 4, 0)
     assert min(b - a for a, b in itertools.pairwise(gaps)) > 250_000_000  # (the seed's gaps)

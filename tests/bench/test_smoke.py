@@ -8,6 +8,7 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -21,8 +22,9 @@ def _run(argv: list[str], env: dict[str, str] | None = None) -> subprocess.Compl
     return proc
 
 
-@pytest.mark.slow
-def test_run_naive_targets_end_to_end(tmp_path):
+def _bench_run(tmp_path: Path, *args: str) -> tuple[dict, str]:
+    """``python -m bench run`` with ``args``, unpinned, writing its JSON and its report into
+    ``tmp_path``: the JSON, and the report's text."""
     out = tmp_path / "bench.json"
     results = tmp_path / "RESULTS.md"
     _run(
@@ -31,20 +33,7 @@ def test_run_naive_targets_end_to_end(tmp_path):
             "-m",
             "bench",
             "run",
-            "--target",
-            "naive",
-            "--target",
-            "naive-c16",
-            "--target",
-            "naive-raw",
-            "--concurrency",
-            "1,3",
-            "--reps",
-            "1",
-            "--tokens",
-            "20",
-            "--total-tokens",
-            "100",
+            *args,
             *UNPINNED,
             "--json",
             str(out),
@@ -52,7 +41,16 @@ def test_run_naive_targets_end_to_end(tmp_path):
             str(results),
         ],
     )
-    report = json.loads(out.read_text())
+    return json.loads(out.read_text()), results.read_text()
+
+
+@pytest.mark.slow
+def test_run_naive_targets_end_to_end(tmp_path):
+    report, text = _bench_run(
+        tmp_path,
+        *("--target", "naive", "--target", "naive-c16", "--target", "naive-raw"),
+        *("--concurrency", "1,3", "--reps", "1", "--tokens", "20", "--total-tokens", "100"),
+    )
     cells = {(s["target"], s["concurrency"]): s for s in report["summaries"]}
     assert set(cells) == {(t, c) for t in ("naive", "naive-c16", "naive-raw") for c in (1, 3)}
     for s in cells.values():
@@ -67,7 +65,6 @@ def test_run_naive_targets_end_to_end(tmp_path):
     assert runs[("naive", 1)]["streams"] == 5 and runs[("naive", 1)]["tokens"] == 100
     assert runs[("naive", 3)]["streams"] == 6 and runs[("naive", 3)]["tokens"] == 120
     assert cells[("naive", 3)]["ratio_to_naive"] == 1.0
-    text = results.read_text()
     assert "| naive-c16 | 3 |" in text and "Command: `python -m bench run" in text
 
 
@@ -76,43 +73,18 @@ def test_run_open_loop_end_to_end(tmp_path):
     """``bench run --open-loop``: the load generator gets the arrival rate (C a stream's paced
     duration), every stream is read whole, the run records how many started late, and the
     report says the loop was open."""
-    out = tmp_path / "bench.json"
-    results = tmp_path / "RESULTS.md"
-    _run(
-        [
-            sys.executable,
-            "-m",
-            "bench",
-            "run",
-            "--target",
-            "naive",
-            "--concurrency",
-            "4",
-            "--reps",
-            "1",
-            "--tokens",
-            "10",
-            "--token-delay-ms",
-            "10",
-            "--total-tokens",
-            "200",
-            "--open-loop",
-            "--no-warmup",
-            *UNPINNED,
-            "--json",
-            str(out),
-            "--write-results",
-            str(results),
-        ],
+    report, text = _bench_run(
+        tmp_path,
+        *("--target", "naive", "--concurrency", "4", "--reps", "1", "--tokens", "10"),
+        *("--token-delay-ms", "10", "--total-tokens", "200", "--open-loop", "--no-warmup"),
     )
-    report = json.loads(out.read_text())
     (run_,) = report["runs"]
     # 200 tokens at 10 a stream: 5 a worker, 20 arrivals at 4 / 0.1 s = 40 a second
     assert run_["streams"] == 20 and run_["errors"] == 0 and run_["tokens"] == 200
     assert isinstance(run_["late_arrivals"], int)
     assert run_["latency_p50_ms"] is not None and run_["ttft_p50_ms"] is not None
     assert 0.4 < run_["wall_s"] < 5
-    assert "open loop: Poisson arrivals" in results.read_text()
+    assert "open loop: Poisson arrivals" in text
 
 
 @pytest.mark.slow
