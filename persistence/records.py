@@ -85,8 +85,8 @@ class StoredEvent:
     Give ``payload`` (the JSON object), ``payload_json`` (its exact JSON text), or both. The
     text, when given, is what the SQL store writes, verbatim; the object is made from it only
     when somebody reads ``payload`` (a streamed token is written, never read back as a dict).
-    Events loaded back always carry the text: SQLite returns it as written, PostgreSQL the JSONB
-    rendering (same value; key order and spacing may differ).
+    Events loaded back always carry the text, as written (on PostgreSQL, events written before
+    migration 0011 come back in ``jsonb``'s rendering: the same value, keys reordered and spaced).
 
     Immutable, like a frozen dataclass: equal when ``seq``, ``type`` and ``payload`` are.
     """

@@ -17,8 +17,10 @@ Storage choices:
   and the key is an index, on both databases (SQLite's table was ``WITHOUT ROWID``, the key the
   table, until migration 0010: a commit appending to hundreds of logs then rewrote hundreds of
   full pages of events; now only the small index entries are scattered).
-- Payloads are JSON text on SQLite (readable with ``sqlite3``, queried with ``json_extract``)
-  and JSONB on PostgreSQL (queried with ``->>``).
+- An event's payload is its JSON text as streamed: text on SQLite (readable with ``sqlite3``,
+  queried with ``json_extract``), ``json`` on PostgreSQL (queried with ``->>``; ``jsonb`` until
+  migration 0011, which parsed every event at each commit and gave back its own rendering).
+  The other JSON columns (a request, an input item, conversation items) are ``jsonb`` there.
 - Times written by the store (``recorded_at``) are unix seconds as a double: one type on both
   databases, sub-second, rendered as timestamps by the views.
 - Audit token ids are uint32 little-endian in a BLOB/BYTEA: 4 bytes a token.
@@ -113,7 +115,8 @@ response_events = Table(
     Column("response_id", Text, primary_key=True),
     Column("seq", Integer, primary_key=True, autoincrement=False),
     Column("type", Text, nullable=False),
-    Column("payload", _Json, nullable=False),
+    # ``json`` on PostgreSQL too (migration 0011): the text as streamed, checked, not re-rendered.
+    Column("payload", JSON(), nullable=False),
     Column("recorded_at", Double, nullable=False),
     # The output token ids behind this write's events, on its last event (migration 0005).
     Column("token_ids", LargeBinary),

@@ -1829,7 +1829,7 @@ def _column_value(pg_type: str, column: tuple[Any, ...]) -> tuple[str, Any]:
     The driver checks each element of an array against three abstract base classes before it
     encodes it (~10 calls a paced token's row); a joined text is one C call a column."""
     try:
-        if pg_type in ("TEXT", "JSONB"):
+        if pg_type in ("TEXT", "JSON", "JSONB"):
             value = _SEP.join(column)
             if value and value.count(_SEP) == len(column) - 1:
                 return "text", value
@@ -1884,10 +1884,11 @@ def _fenced_sql(parts: tuple[_Part, ...]) -> str:
         for i, (c, form) in enumerate(zip(columns, forms, strict=True)):
             pg_type = types[c]
             # (JSON goes as text, cast below, as the driver sends it)
-            sql_type = "text" if pg_type == "JSONB" else pg_type.lower()
+            is_json = pg_type in ("JSON", "JSONB")
+            sql_type = "text" if is_json else pg_type.lower()
             arrays.append(_ARRAY_OF[form].format(mark=f"${first + i}", type=sql_type))
-            if pg_type == "JSONB":
-                values.append(f"x.{c}::jsonb")
+            if is_json:
+                values.append(f"x.{c}::{pg_type.lower()}")
             elif form == "hex":
                 values.append(f"decode(x.{c}, 'hex')")
             else:

@@ -11,7 +11,7 @@ from persistence.records import AuditRecord, NewResponse, StoredEvent
 from persistence.store import EventStore
 
 #: The newest migration: what a store migrates a new database to.
-HEAD = "0010"
+HEAD = "0011"
 
 _clock = itertools.count(1_700_000_000)
 

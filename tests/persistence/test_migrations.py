@@ -334,3 +334,70 @@ async def test_sqlite_events_become_a_rowid_table_with_every_row_and_rule_kept(
     old_ddl, old_rows, old_triggers = _events_table(path)
     assert old_ddl.rstrip().endswith("WITHOUT ROWID")
     assert (old_rows, old_triggers) == ([r for r in rows if r[0] == "resp_a"], triggers)
+
+
+@pytest.mark.postgres
+async def test_postgres_event_payloads_become_json_text_and_the_views_still_read_them(
+    tmp_path: Path,
+) -> None:
+    reason = await unavailable()
+    if reason is not None:
+        pytest.skip(reason)
+    async with fresh_database("ledger_migrations") as url:
+        await migrate.upgrade_async(url, "0010")
+        await _execute(
+            url,
+            "INSERT INTO responses (id, model, status, created_at, background, request, project) "
+            "VALUES ('resp_old', 'gpt-oss-20b', 'completed', 1, false, '{}', 'default')",
+        )
+        await _execute(
+            url,
+            "INSERT INTO response_events (response_id, seq, type, payload, recorded_at) VALUES "
+            '(\'resp_old\', 0, \'response.output_item.done\', \'{"output_index":0,"item":{"id":'
+            '"fc_1","type":"function_call","call_id":"call_1","name":"f","arguments":"{}"}}\', 1.0), '
+            '(\'resp_old\', 1, \'response.output_text.done\', \'{"text":"hi","item_id":"m"}\', 2.0)',
+        )
+        views = (
+            "SELECT (SELECT array_agg(item_id || ':' || coalesce(text, '') ORDER BY seq)"
+            " FROM response_timeline WHERE seq < 2) AS timeline,"
+            " (SELECT text FROM response_text WHERE response_id = 'resp_old') AS text,"
+            " (SELECT item_type FROM response_output_items) AS item_type,"
+            " (SELECT call_id FROM function_calls) AS call_id"
+        )
+        pg = await asyncpg.connect(url.replace("postgresql+asyncpg", "postgresql"))
+        try:
+            before = dict(await pg.fetchrow(views))
+            await migrate.upgrade_async(url)
+            await migrate.check_async(url)
+            column_type = (
+                "SELECT data_type FROM information_schema.columns"
+                " WHERE table_name = 'response_events' AND column_name = 'payload'"
+            )
+            assert await pg.fetchval(column_type) == "json"
+            assert (
+                dict(await pg.fetchrow(views))
+                == before
+                == {
+                    "timeline": ["fc_1:", "m:hi"],
+                    "text": "hi",
+                    "item_type": "function_call",
+                    "call_id": "call_1",
+                }
+            )
+            assert (await _objects(url))["view"] == _VIEWS
+            # written from now on, a payload is kept as its text
+            await _execute(
+                url,
+                "INSERT INTO response_events (response_id, seq, type, payload, recorded_at) VALUES "
+                "('resp_old', 2, 'response.completed', '{\"z\":1,  \"a\":2}', 3.0)",
+            )
+            assert (
+                await pg.fetchval("SELECT payload::text FROM response_events WHERE seq = 2")
+                == '{"z":1,  "a":2}'
+            )
+            await migrate.downgrade_async(url, "0010")
+            assert await pg.fetchval(column_type) == "jsonb"
+            assert dict(await pg.fetchrow(views)) == before
+            assert (await _objects(url))["view"] == _VIEWS
+        finally:
+            await pg.close()
