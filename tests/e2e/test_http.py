@@ -6,6 +6,7 @@ import asyncio
 import gc
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -552,7 +553,7 @@ def test_finished_responses_leave_nothing_for_the_collector(
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """A database of each kind, for this test alone."""
     if request.param == "sqlite":
         yield f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}"

@@ -337,9 +337,7 @@ async def test_sqlite_events_become_a_rowid_table_with_every_row_and_rule_kept(
 
 
 @pytest.mark.postgres
-async def test_postgres_event_payloads_become_json_text_and_the_views_still_read_them(
-    tmp_path: Path,
-) -> None:
+async def test_postgres_event_payloads_become_json_text_and_the_views_still_read_them() -> None:
     reason = await unavailable()
     if reason is not None:
         pytest.skip(reason)
