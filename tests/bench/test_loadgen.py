@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import itertools
 import json
 from array import array
+from typing import Any
 
 import pytest
 
@@ -148,8 +148,9 @@ class _Served:
             await writer.drain()
         writer.close()
 
-    def run(self, config: LoadConfig) -> dict:
-        """``run_load(config)`` against this server (``config.url`` is set to it)."""
+    def run(self, **fields: Any) -> dict:
+        """``run_load`` against this server, a streaming request each time: ``fields`` are the
+        rest of its ``LoadConfig``."""
         from bench.loadgen import run_load
 
         async def main() -> dict:
@@ -157,7 +158,7 @@ class _Served:
             port = server.sockets[0].getsockname()[1]
             start = asyncio.get_running_loop().time()
             url = f"http://127.0.0.1:{port}/v1/responses"
-            report = await run_load(dataclasses.replace(config, url=url))
+            report = await run_load(LoadConfig(url=url, body=b'{"stream":true}', **fields))
             await asyncio.sleep(0.1)  # the handlers see the client close its connections
             server.close()
             self.arrivals = sorted(t - start for t in self._times)
@@ -170,15 +171,7 @@ def test_stagger_spreads_the_workers_first_requests():
     """``stagger_s``: worker i sends its first request i * stagger_s / concurrency seconds in,
     and every stream is still read whole."""
     served = _Served(chunked(naive_frames(3)))
-    report = served.run(
-        LoadConfig(
-            url="",  # (the server's)
-            body=b'{"stream":true}',
-            concurrency=4,
-            expected_events=3 + 8,
-            stagger_s=0.8,
-        )
-    )
+    report = served.run(concurrency=4, expected_events=3 + 8, stagger_s=0.8)
     assert report["errors"] == [] and report["streams"] == 4
     arrivals = served.arrivals
     for i, at in enumerate(arrivals):
@@ -226,16 +219,12 @@ def test_an_open_loop_starts_each_stream_on_schedule_whatever_the_servers_pace()
     rate, seed = 20.0, 3
     served = _Served(chunked(naive_frames(3)), hold_s=0.4)
     report = served.run(
-        LoadConfig(
-            url="",  # (the server's)
-            body=b'{"stream":true}',
-            concurrency=2,
-            streams_per_worker=4,
-            expected_events=3 + 8,
-            arrival_rate=rate,
-            arrival_seed=seed,
-            measure_from_s=0.1,
-        )
+        concurrency=2,
+        streams_per_worker=4,
+        expected_events=3 + 8,
+        arrival_rate=rate,
+        arrival_seed=seed,
+        measure_from_s=0.1,
     )
     assert report["errors"] == [] and report["streams"] == 8
     assert report["per_stream_events"] == [11] * 8
@@ -261,15 +250,11 @@ def test_an_open_loop_does_not_reuse_a_connection_idle_past_its_limit(monkeypatc
         monkeypatch.setattr(loadgen, "_IDLE_LIMIT_NS", limit_ns)
         served = _Served(chunked(naive_frames(2)))
         report = served.run(
-            LoadConfig(
-                url="",  # (the server's)
-                body=b'{"stream":true}',
-                concurrency=1,
-                streams_per_worker=4,
-                expected_events=2 + 8,
-                arrival_rate=2.0,
-                arrival_seed=0,
-            )
+            concurrency=1,
+            streams_per_worker=4,
+            expected_events=2 + 8,
+            arrival_rate=2.0,
+            arrival_seed=0,
         )
         return report, served.connections
 
