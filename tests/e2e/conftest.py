@@ -68,6 +68,15 @@ def pg_url() -> Iterator[str]:
         asyncio.run(drop_database(url))
 
 
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A database of each kind in turn, for this test alone: a new SQLite file, or ``pg_url``."""
+    if request.param == "sqlite":
+        return f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}"
+    url: str = request.getfixturevalue("pg_url")
+    return url
+
+
 @pytest.fixture
 def client(ledger: RunningServer) -> Iterator[OpenAI]:
     with OpenAI(

@@ -6,7 +6,6 @@ import asyncio
 import gc
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -550,15 +549,6 @@ def test_finished_responses_leave_nothing_for_the_collector(
         gc.garbage.clear()
         gc.enable()
     assert len(ids) == 9 and left == []
-
-
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """A database of each kind, for this test alone."""
-    if request.param == "sqlite":
-        yield f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}"
-        return
-    yield request.getfixturevalue("pg_url")
 
 
 def test_a_stream_replayed_from_the_log_is_the_live_stream_byte_for_byte(
