@@ -12,11 +12,12 @@ the one streamed live, and from SQLite's. ``json`` keeps the text as written (it
 checked to be JSON) and answers the same ``->``/``->>`` queries (bench/RESULTS.md, "the events'
 payload as json").
 
-The views that read the column are dropped and made again from their own definitions
-(PostgreSQL cannot change the type of a column a view reads), and the table is rewritten once,
-locked meanwhile: the time it takes grows with the number of events stored (3.2 s for a million
-events, 323 MB, on the development VM; the downgrade 3.8 s). Rows written before keep
-``jsonb``'s rendering of their text. SQLite: nothing to do (its payloads were always text).
+The views that read the table, the cookbook's and an operator's own, and the views built on
+them, are dropped and made again from their own definitions (PostgreSQL cannot change the type
+of a column a view reads), and the table is rewritten once, locked meanwhile: the time it
+takes grows with the number of events stored (3.2 s for a million events, 323 MB, on the
+development VM; the downgrade 3.8 s). Rows written before keep ``jsonb``'s rendering of their
+text. SQLite: nothing to do (its payloads were always text).
 """
 
 from __future__ import annotations

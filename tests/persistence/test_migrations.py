@@ -355,9 +355,16 @@ async def test_postgres_event_payloads_become_json_text_and_the_views_still_read
             '"fc_1","type":"function_call","call_id":"call_1","name":"f","arguments":"{}"}}\', 1.0), '
             '(\'resp_old\', 1, \'response.output_text.done\', \'{"text":"hi","item_id":"m"}\', 2.0)',
         )
+        # an operator's own view, on one of the cookbook's: made again after it
+        await _execute(
+            url,
+            "CREATE VIEW operator_texts AS SELECT response_id, text FROM response_timeline"
+            " WHERE text IS NOT NULL",
+        )
         views = (
             "SELECT (SELECT array_agg(item_id || ':' || coalesce(text, '') ORDER BY seq)"
             " FROM response_timeline WHERE seq < 2) AS timeline,"
+            " (SELECT array_agg(text) FROM operator_texts) AS operator_texts,"
             " (SELECT text FROM response_text WHERE response_id = 'resp_old') AS text,"
             " (SELECT item_type FROM response_output_items) AS item_type,"
             " (SELECT call_id FROM function_calls) AS call_id"
@@ -377,12 +384,13 @@ async def test_postgres_event_payloads_become_json_text_and_the_views_still_read
                 == before
                 == {
                     "timeline": ["fc_1:", "m:hi"],
+                    "operator_texts": ["hi"],
                     "text": "hi",
                     "item_type": "function_call",
                     "call_id": "call_1",
                 }
             )
-            assert (await _objects(url))["view"] == _VIEWS
+            assert (await _objects(url))["view"] == _VIEWS | {"operator_texts"}
             # written from now on, a payload is kept as its text
             await _execute(
                 url,
@@ -396,6 +404,6 @@ async def test_postgres_event_payloads_become_json_text_and_the_views_still_read
             await migrate.downgrade_async(url, "0010")
             assert await pg.fetchval(column_type) == "jsonb"
             assert dict(await pg.fetchrow(views)) == before
-            assert (await _objects(url))["view"] == _VIEWS
+            assert (await _objects(url))["view"] == _VIEWS | {"operator_texts"}
         finally:
             await pg.close()
