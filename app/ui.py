@@ -249,8 +249,8 @@ def _response_id(request: Request) -> str:
 
 def timeline(times: Sequence[tuple[int, str, float]]) -> dict[str, Any]:
     """What the page draws and states about a log's timing (``(seq, type, recorded_at)`` per
-    event): one point per commit (the events of a commit share its time), the time to the first
-    token, the token rate, the pauses."""
+    event): one point per time (a commit's or a write's events share theirs), the time to the
+    first token, the token rate, the pauses."""
     if not times:
         return {"events": 0, "batches": [], "pauses": [], "times": []}
     start = times[0][2]

@@ -941,7 +941,7 @@ class SqlStore:
         if sum(map(_value_size, columns)) > _ONE_STATEMENT_MAX_BYTES:
             return None  # (nothing was written: the full transaction plans it again)
         self._last_plan = plan  # (a retry after a lost answer looks for it in the log)
-        if not await raw.fetchval(sql, me, seen, *columns):
+        if not await raw.fetchval(sql, me, seen, self._clock(), *columns):
             self._last_plan = None
             return None
         tails.update(planned)
@@ -1191,8 +1191,9 @@ class SqlStore:
             return [StoredEvent(seq, type_, None, text) for seq, type_, text in rows]
 
     async def load_times(self, response_id: str) -> list[tuple[int, str, float]]:
-        """``(seq, type, recorded_at)`` of every event: when each commit made its events durable
-        (events of one commit share its time). No payloads: the audit page's timeline."""
+        """``(seq, type, recorded_at)`` of every event: when the server stored it (a one-statement
+        commit's time, shared by its events; otherwise when its write was queued). No payloads:
+        the audit page's timeline."""
         self._check_open()
         if not _possible_id(response_id):
             return []
@@ -1602,11 +1603,13 @@ class _Statements:
         self, statements: list[tuple[_Statement, list[tuple[Any, ...]]]]
     ) -> tuple[str, list[list[Any]]]:
         """A plan's statements as one (PostgreSQL, ``SqlStore._one_statement``), and its
-        parameters after the replica's id and ``fence`` value: every row is written only while
-        that row holds that value, share-locked until the statement's own transaction commits.
-        Each table's rows are one parameter a column (``_column_value``), unnested; a new row
-        changed in the same batch is inserted changed. The statement returns 1 when it wrote, 0
-        when the fence moved."""
+        parameters after the replica's id, ``fence`` value and the commit's time: every row is
+        written only while that row holds that value, share-locked until the statement's own
+        transaction commits. Each table's rows are one parameter a column (``_column_value``),
+        unnested, but for ``recorded_at``: every row's is the commit's time (one parameter, not
+        a float's text a row: ``float.__repr__`` was 0.4 us a row, the largest part of a paced
+        commit's parameters). A new row changed in the same batch is inserted changed. The
+        statement returns 1 when it wrote, 0 when the fence moved."""
         parts = dict(statements)
         created = parts.pop(self.insert_response, None)
         changes = parts.pop(self.update_response, None)
@@ -1638,6 +1641,9 @@ class _Statements:
             )
             types, forms = _PG_TYPES[table], []
             for name, column in zip(names, zip(*rows, strict=True), strict=True):
+                if name == "recorded_at":  # the commit's own time, one parameter for all
+                    forms.append("now")
+                    continue
                 form, value = _column_value(types[name], column)
                 forms.append(form)
                 values.append(value)
@@ -1865,7 +1871,8 @@ _ARRAY_OF = {
 
 class _Part(NamedTuple):
     """One table's share of a one-statement commit: its columns, how each one's values are sent
-    (``_column_value``), and whether it updates rows rather than inserts them."""
+    (``_column_value``; ``"now"``: not sent, the commit's time), and whether it updates rows
+    rather than inserts them."""
 
     table: str
     columns: tuple[str, ...]
@@ -1875,26 +1882,34 @@ class _Part(NamedTuple):
 
 def _fenced_sql(parts: tuple[_Part, ...]) -> str:
     """The text of ``_Statements.fenced``'s statement for these parts: ``$1``, the replica's id,
-    ``$2``, the ``fence`` value its commits last read, then one parameter a column."""
-    writes = ["own AS (SELECT 1 FROM replicas WHERE id = $1 AND fence = $2 FOR SHARE)"]
-    first = 3
+    ``$2``, the ``fence`` value its commits last read, ``$3`` the commit's time (every
+    ``recorded_at``: form ``"now"``), then one parameter a column."""
+    # (``own`` selects ``$3``, so that it has a type in a statement whose parts do not use it)
+    writes = [
+        "own AS (SELECT $3::double precision FROM replicas WHERE id = $1 AND fence = $2 FOR SHARE)"
+    ]
+    mark = 3
     for n, (table, columns, forms, updates) in enumerate(parts):
         types = _PG_TYPES[table]
-        arrays, values = [], []
-        for i, (c, form) in enumerate(zip(columns, forms, strict=True)):
+        arrays, unnested, values = [], [], []
+        for c, form in zip(columns, forms, strict=True):
             pg_type = types[c]
+            if form == "now":
+                values.append("$3::double precision")
+                continue
+            mark += 1
             # (JSON goes as text, cast below, as the driver sends it)
             is_json = pg_type in ("JSON", "JSONB")
             sql_type = "text" if is_json else pg_type.lower()
-            arrays.append(_ARRAY_OF[form].format(mark=f"${first + i}", type=sql_type))
+            arrays.append(_ARRAY_OF[form].format(mark=f"${mark}", type=sql_type))
+            unnested.append(c)
             if is_json:
                 values.append(f"x.{c}::{pg_type.lower()}")
             elif form == "hex":
                 values.append(f"decode(x.{c}, 'hex')")
             else:
                 values.append(f"x.{c}")
-        rows = f"unnest({', '.join(arrays)}) AS x({', '.join(columns)})"
-        first += len(columns)
+        rows = f"unnest({', '.join(arrays)}) AS x({', '.join(unnested)})"
         if updates:
             sets = ", ".join(f"{c} = {v}" for c, v in zip(columns[:-1], values, strict=False))
             write = f"UPDATE responses AS r SET {sets} FROM {rows} WHERE r.id = x.id AND EXISTS (SELECT 1 FROM own)"

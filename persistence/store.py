@@ -175,8 +175,9 @@ class EventStore(Protocol):
     async def get(self, response_id: str) -> ResponseRow | None: ...
 
     async def load_times(self, response_id: str) -> list[tuple[int, str, float]]:
-        """``(seq, type, recorded_at)`` of every event of the log, in order: the time (unix
-        seconds) of the commit that made it durable (the audit page's timeline)."""
+        """``(seq, type, recorded_at)`` of every event of the log, in order: when the server
+        stored it (unix seconds: its commit's time, or its write's as it was queued for the
+        commit; the audit page's timeline)."""
         ...
 
     async def list_responses(self, query: ResponseQuery) -> tuple[list[ResponseRow], bool]:

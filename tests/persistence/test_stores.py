@@ -421,3 +421,45 @@ async def test_a_one_statement_commit_stores_every_value_as_written(
     finally:
         await a.close()
         await b.close()
+
+
+@pytest.mark.postgres
+async def test_a_one_statement_commit_stamps_its_rows_with_its_own_time(
+    clean_postgres_url: str,
+) -> None:
+    """The events and audit records of one one-statement commit share one ``recorded_at``: the
+    time the commit read as it sent them (one parameter), not each write's when it was queued."""
+    a = await _leased(clean_postgres_url, "rep_a")
+    try:
+        kept = await _owned_log(a, "rep_a")  # the fence is read: its commits are one statement
+        readings: list[float] = []
+
+        def clock() -> float:
+            readings.append(1_700_000_000.0 + 0.25 * len(readings))
+            return readings[-1]
+
+        a._clock = clock  # type: ignore[method-assign]
+        one_trip = a.one_trip_commits
+        await asyncio.gather(
+            a.submit(kept.id, [delta(1, "x")], 1, token_ids=(5,)),
+            a.submit(kept.id, [delta(2, "y")], 2),
+            a.submit_audit(kept.id, [AuditRecord("output_token_ids", (7, 8))]),
+        )
+        assert a.one_trip_commits == one_trip + 1  # the three writes, one commit
+        committed_at = readings[-1]
+        assert committed_at not in readings[:-1]  # read after every write was queued
+        assert [t for _, _, t in await a.load_times(kept.id)][1:] == [committed_at] * 2
+        async with a._writer.connect() as conn:
+            audited = (
+                (
+                    await conn.execute(
+                        text("SELECT recorded_at FROM response_audit WHERE response_id = :id"),
+                        {"id": kept.id},
+                    )
+                )
+                .scalars()
+                .all()
+            )
+        assert audited == [committed_at]
+    finally:
+        await a.close()
