@@ -387,8 +387,11 @@ class SqlStore:
         self._direct = direct
         # PostgreSQL: the commit task's connection, kept from one commit to the next (a checkout
         # from the pool and its check-in cost 72-104 µs of CPU, a commit every engine step);
-        # dropped, and the next commit checks out another, whenever it is lost or in doubt.
+        # dropped, and the next commit checks out another, whenever it is lost or in doubt. With
+        # it, its asyncpg connection (SQLAlchemy's ``get_raw_connection`` is a greenlet's switch
+        # there and back, 35 us of CPU a commit).
         self._held: AsyncConnection | None = None
+        self._held_raw: Any = None
         self._clock = clock
         self._sql = _Statements(postgres=self._postgres)
         self._tails: OrderedDict[str, _Tail] = OrderedDict()
@@ -788,7 +791,7 @@ class SqlStore:
     async def _drop_held(self, *, invalidate: bool) -> None:
         """Let the commit task's connection go: back to the pool (``invalidate`` False: it is
         clean), or closed for good (lost, or in doubt)."""
-        conn, self._held = self._held, None
+        conn, self._held, self._held_raw = self._held, None, None
         if conn is not None:
             with contextlib.suppress(Exception):
                 await (conn.invalidate() if invalidate else conn.close())
@@ -814,9 +817,11 @@ class SqlStore:
                         functools.partial(self._write_direct, batch, tails, unknown, previous)
                     )
                 else:
-                    if self._held is None:
-                        self._held = await self._writer.connect()
-                    plan = await self._write_postgres(self._held, batch, tails, unknown, previous)
+                    if self._held_raw is None:
+                        await self._hold()
+                    plan = await self._write_postgres(
+                        self._held_raw, batch, tails, unknown, previous
+                    )
         except TimeoutError as exc:
             if str(exc):
                 raise
@@ -839,24 +844,29 @@ class SqlStore:
             cache.popitem(last=False)
         return plan.outcomes
 
+    async def _hold(self) -> None:
+        """Check out the connection the commit task keeps (``_held``), and its asyncpg one."""
+        held = self._held = await self._writer.connect()
+        try:
+            raw = (await held.get_raw_connection()).driver_connection
+        except BaseException:
+            await self._drop_held(invalidate=True)  # closed under us: the next gets another
+            raise
+        assert raw is not None  # a live pooled connection
+        self._held_raw = raw
+
     async def _write_postgres(
         self,
-        conn: AsyncConnection,
+        raw: Any,
         batch: list[_Write],
         tails: dict[str, _Tail | None],
         unknown: list[str],
         previous: _Plan | None,
     ) -> _Plan:
         """``_write``'s transaction on PostgreSQL, on the asyncpg connection itself (SQLAlchemy
-        never starts a transaction on ``conn``, so it has nothing to roll back when the
-        connection goes back to the pool). ``conn`` is the commit task's (``_held``): a failure
+        never starts a transaction on the pooled connection, so it has nothing to roll back when
+        that goes back to the pool). ``raw`` is the commit task's (``_held_raw``): a failure
         that leaves it unusable or in doubt drops it."""
-        try:
-            raw = (await conn.get_raw_connection()).driver_connection
-        except BaseException:
-            await self._drop_held(invalidate=True)  # closed under us: the next gets another
-            raise
-        assert raw is not None  # a live pooled connection
         earned: dict[str, int] = {}
         try:
             if previous is None and not unknown:
