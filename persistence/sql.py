@@ -1843,7 +1843,8 @@ def _column_value(pg_type: str, column: tuple[Any, ...]) -> tuple[str, Any]:
     texts joined by ``_SEP``; ``"number"``: integers or floats joined by commas, in their exact
     ``repr``; ``"hex"``: byte strings in hex, ``-`` for NULL), else as an array (``"array"``).
     The driver checks each element of an array against three abstract base classes before it
-    encodes it (~10 calls a paced token's row); a joined text is one C call a column."""
+    encodes it (~10 calls a paced token's row); a joined text is one C call a column. (No column
+    a commit writes is a float today: ``recorded_at`` goes as the commit's time, ``fenced``.)"""
     try:
         if pg_type in ("TEXT", "JSON", "JSONB"):
             value = _SEP.join(column)
