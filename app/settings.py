@@ -60,6 +60,13 @@ def _log_format(value: str) -> str:
     return fmt
 
 
+def _event_loop(value: str) -> str:
+    loop = value.strip().lower()
+    if loop not in ("auto", "uvloop", "asyncio"):
+        raise ValueError(f"RESPONSES_LEDGER_EVENT_LOOP: {value!r} is not auto, uvloop or asyncio")
+    return loop
+
+
 #: What ``responses-ledger serve`` sets unless told otherwise (see ``Settings.gc_threshold``).
 SERVE_GC_THRESHOLD = (50_000, 50, 1_000)
 
@@ -137,6 +144,9 @@ class Settings:
     http_max_connections: int = 0
     #: uvicorn's HTTP/1.1 parser: auto (httptools when installed, else h11), h11 or httptools.
     http_implementation: str = "auto"
+    #: The event loop: auto (uvloop when installed, else asyncio's), uvloop or asyncio. Both
+    #: uvloop and httptools are dependencies; every benchmark figure was measured with them.
+    event_loop: str = "auto"
     #: A live stream whose client has this many bytes unread is closed (the response goes on).
     send_buffer_bytes: int = 4 * 1024 * 1024
     #: A connection whose client reads nothing for this many seconds is closed.
@@ -225,6 +235,7 @@ class Settings:
             "RESPONSES_LEDGER_HTTP_MAX_HEAD_BYTES": ("http_max_head_bytes", int),
             "RESPONSES_LEDGER_HTTP_MAX_CONNECTIONS": ("http_max_connections", int),
             "RESPONSES_LEDGER_HTTP_IMPLEMENTATION": ("http_implementation", str),
+            "RESPONSES_LEDGER_EVENT_LOOP": ("event_loop", _event_loop),
             "RESPONSES_LEDGER_SEND_BUFFER_BYTES": ("send_buffer_bytes", int),
             "RESPONSES_LEDGER_SEND_STALL_S": ("send_stall_s", float),
             "RESPONSES_LEDGER_COALESCE_DELTAS": ("coalesce_deltas", _bool),

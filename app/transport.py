@@ -593,6 +593,8 @@ class _Guard:
 
 
 class _H11(_Guard, H11Protocol):
+    parser_name = "h11"
+
     def _request_read(self) -> bool:
         return self.conn.their_state is h11.IDLE
 
@@ -609,6 +611,7 @@ def _httptools_class() -> type[asyncio.Protocol] | None:
         return None
 
     class _HttpTools(_Guard, HttpToolsProtocol):
+        parser_name = "httptools"
         _message_read = True
 
         def _request_read(self) -> bool:
@@ -645,10 +648,39 @@ def protocol_class(implementation: str) -> type[asyncio.Protocol]:
     return found
 
 
+def loop_name(choice: str) -> str:
+    """uvicorn's ``loop`` for ``Settings.event_loop``: ``auto`` (uvloop when installed, else
+    asyncio's), ``uvloop`` or ``asyncio``. uvloop is a dependency; without it a paced token costs
+    the server more CPU and the 256-stream p99 is later (bench/RESULTS.md, twenty-ninth
+    session)."""
+    if choice not in ("auto", "uvloop", "asyncio"):
+        raise ValueError(f"event loop {choice!r}: use auto, uvloop or asyncio")
+    if choice == "asyncio":
+        return "asyncio"
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        if choice == "uvloop":
+            raise ValueError("event loop 'uvloop': uvloop is not installed") from None
+        return "asyncio"
+    return "uvloop"
+
+
 class _Config(uvicorn.Config):
-    def __init__(self, app: Any, *, connections: _Connections, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        app: Any,
+        *,
+        connections: _Connections,
+        event_loop: str,
+        http_implementation: str,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(app, **kwargs)
         self.connections = connections
+        #: What the settings asked for (``auto``: what is installed), for the start-up line.
+        self.event_loop = event_loop
+        self.http_implementation = http_implementation
 
 
 class Server(uvicorn.Server):
@@ -658,6 +690,7 @@ class Server(uvicorn.Server):
     def __init__(self, config: _Config) -> None:
         super().__init__(config)
         self.connections = config.connections
+        self._settings = config
 
     @property
     def stats(self) -> Stats:
@@ -666,6 +699,23 @@ class Server(uvicorn.Server):
     async def startup(self, sockets: Any = None) -> None:
         await super().startup(sockets)
         self.connections.size(len(self.server_state.connections))
+        # what it runs on, read from the running loop and the protocol in use: a server that
+        # lacks uvloop or httptools (an install without the dependencies) says so at start
+        loop = type(asyncio.get_running_loop()).__module__.split(".")[0]
+        parser = getattr(self.config.http, "parser_name", "?")
+        asked = self._settings
+        fallback = asked.event_loop == "auto" and loop != "uvloop"
+        fallback = fallback or (asked.http_implementation == "auto" and parser != "httptools")
+        log.log(
+            logging.WARNING if fallback else logging.INFO,
+            "event loop: %s; HTTP parser: %s%s",
+            loop,
+            parser,
+            " (uvloop and httptools are not both installed: install the package's dependencies;"
+            " every benchmark figure was measured with them)"
+            if fallback
+            else "",
+        )
 
     def handle_exit(self, sig: int, frame: Any) -> None:
         """The first SIGTERM drains (``app.drain``) before uvicorn's own shutdown; another
@@ -717,7 +767,10 @@ def server(
         # ``serve`` configured logging (app.logs): uvicorn's loggers write through it
         log_config=None if own_logging else LOGGING_CONFIG,
         lifespan="on",
+        loop=loop_name(settings.event_loop),
         http=protocol_class(settings.http_implementation),
+        event_loop=settings.event_loop,
+        http_implementation=settings.http_implementation,
         timeout_keep_alive=limits.keep_alive_s,  # type: ignore[arg-type]  # a float works
         h11_max_incomplete_event_size=limits.max_head_bytes,
     )
