@@ -41,6 +41,7 @@ import contextlib
 import json
 import os
 import platform
+import re
 import resource
 import shlex
 import shutil
@@ -515,6 +516,22 @@ class _Server:
         self._log.close()
 
 
+#: The ledger server's start-up line (``app.transport.Server.startup``): the event loop and the
+#: HTTP parser it runs on, and why when ``auto`` found uvloop or httptools missing.
+_SERVED_ON = re.compile(r"event loop: \w+; HTTP parser: \w+(?: \([^)]*\))?")
+
+
+def _served_on(log_path: Path) -> str | None:
+    """What the server's log says it runs on (its start-up line), or None."""
+    try:
+        with open(log_path, "rb") as log:
+            head = log.read(256 * 1024).decode(errors="replace")
+    except OSError:
+        return None
+    found = _SERVED_ON.search(head)
+    return None if found is None else found.group(0)
+
+
 def _run_loadgen(
     config: MatrixConfig,
     target: Target,
@@ -875,6 +892,9 @@ def _run_target(
             if result.errors:
                 config.log(f"  errors: {result.error_samples}")
             results.append(result)
+        runtime = _served_on(server.log_path)
+        if runtime is not None:  # (the ledger's servers say it at start; the peers do not)
+            config.log(f"  {runtime}")
     except Exception as exc:  # a target that fails must not stop the others
         message = f"{type(exc).__name__}: {exc}"
         config.log(f"  FAILED: {message}")

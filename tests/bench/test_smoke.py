@@ -170,6 +170,7 @@ def test_run_with_a_history_serves_over_a_database_that_holds_it(tmp_path):
         ],
     )  # fmt: skip
     assert "500 stored responses in" in proc.stderr
+    assert "not both installed" not in proc.stderr  # (its server ran on uvloop and httptools)
     # SQLite writes whole pages (4 KB) to its WAL, several a commit: far more than a token's text
     (summary,) = json.loads((tmp_path / "bench.json").read_text())["summaries"]
     assert summary["server_written_bytes_per_token"] > 200
@@ -187,3 +188,24 @@ def test_run_with_a_history_serves_over_a_database_that_holds_it(tmp_path):
     finally:
         shutil.rmtree(kept)
     assert statuses["completed"] >= 500 + 5 and set(statuses) == {"completed"}
+
+
+def test_run_says_when_a_ledger_server_ran_without_uvloop(tmp_path):
+    """A ledger server that found uvloop missing warns at start (``app.transport``), and the run
+    repeats it under the server's command, so a figure measured on asyncio's loop says so."""
+    blocker = tmp_path / "no_uvloop"
+    blocker.mkdir()
+    (blocker / "uvloop.py").write_text("raise ImportError('not installed here')\n")
+    path = os.pathsep.join(p for p in (str(blocker), os.environ.get("PYTHONPATH", "")) if p)
+    proc = _run(
+        [
+            sys.executable, "-m", "bench", "run", "--target", "ledger-sqlite",
+            "--concurrency", "2", "--reps", "1", "--tokens", "20", "--total-tokens", "40",
+            "--no-warmup", *UNPINNED, "--json", str(tmp_path / "bench.json"),
+        ],
+        env={**os.environ, "PYTHONPATH": path},
+    )  # fmt: skip
+    assert (
+        "\n  event loop: asyncio; HTTP parser: httptools (uvloop and httptools are not both "
+        "installed" in proc.stderr
+    ), proc.stderr[-3000:]
