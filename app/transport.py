@@ -69,7 +69,7 @@ import signal
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import h11
 import uvicorn
@@ -650,9 +650,9 @@ def protocol_class(implementation: str) -> type[asyncio.Protocol]:
 
 def loop_name(choice: str) -> str:
     """uvicorn's ``loop`` for ``Settings.event_loop``: ``auto`` (uvloop when installed, else
-    asyncio's), ``uvloop`` or ``asyncio``. uvloop is a dependency; without it a paced token costs
-    the server more CPU and the 256-stream p99 is later (bench/RESULTS.md, twenty-ninth
-    session)."""
+    asyncio's), ``uvloop`` or ``asyncio``. uvloop is a dependency: on asyncio's loop (and h11) a
+    paced token cost the server 5-36 % more CPU (bench/RESULTS.md, twenty-ninth session), and the
+    256-stream p99 was 3-4 ms later on asyncio's loop alone (twenty-eighth)."""
     if choice not in ("auto", "uvloop", "asyncio"):
         raise ValueError(f"event loop {choice!r}: use auto, uvloop or asyncio")
     if choice == "asyncio":
@@ -690,7 +690,6 @@ class Server(uvicorn.Server):
     def __init__(self, config: _Config) -> None:
         super().__init__(config)
         self.connections = config.connections
-        self._settings = config
 
     @property
     def stats(self) -> Stats:
@@ -703,7 +702,7 @@ class Server(uvicorn.Server):
         # lacks uvloop or httptools (an install without the dependencies) says so at start
         loop = type(asyncio.get_running_loop()).__module__.split(".")[0]
         parser = getattr(self.config.http, "parser_name", "?")
-        asked = self._settings
+        asked = cast(_Config, self.config)
         fallback = asked.event_loop == "auto" and loop != "uvloop"
         fallback = fallback or (asked.http_implementation == "auto" and parser != "httptools")
         log.log(
