@@ -46,9 +46,11 @@ def alembic_config(database_url: str | URL) -> Config:
     """An Alembic config for our scripts and this database, independent of the cwd."""
     config = Config()
     config.set_main_option("script_location", str(_SCRIPTS))
-    config.set_main_option(
-        "sqlalchemy.url", async_url(database_url).render_as_string(hide_password=False)
-    )
+    # Alembic's options go through configparser's interpolation, where "%" is special: a URL's
+    # percent-escapes (a password with "@" or "/", a Unix socket's ``?host=/run/postgresql``)
+    # are written as "%%", which reading the option gives back as "%"
+    url = async_url(database_url).render_as_string(hide_password=False)
+    config.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
     return config
 
 
