@@ -14,6 +14,7 @@
 Each server's workdir (SQLite's database among it) is made under ``$TMPDIR``, and the
 PostgreSQL target uses the cluster on port ``$BENCH_POSTGRES_PORT`` (default 5432): ``TMPDIR=/dev/shm``
 and a cluster of one's own on a RAM disk take the disk's flushes out of the figures.
+``$BENCH_POSTGRES_SOCKET`` (a directory) reaches that cluster over its Unix socket there.
 
 The load generator and the naive peer also run on their own: ``python -m bench.loadgen --help``,
 ``python -m bench.naive --help``.

@@ -64,11 +64,10 @@ from typing import Any
 from bench import samples, token_times
 from bench.targets import (
     POSTGRES_ADMIN_DSN,
-    POSTGRES_HOST,
-    POSTGRES_PORT,
     REPO_ROOT,
     Target,
     placeholders,
+    postgres_url,
     render_argv,
     server_env,
 )
@@ -391,7 +390,7 @@ def _pg(coro_fn: Callable[[Any], Any], dsn: str = POSTGRES_ADMIN_DSN) -> Any:
 class _PostgresDatabase(_NoDatabase):
     def __init__(self) -> None:
         self.name = f"bench_{uuid.uuid4().hex[:12]}"
-        self.url = f"postgresql+asyncpg://postgres@{POSTGRES_HOST}:{POSTGRES_PORT}/{self.name}"
+        self.url = postgres_url(self.name)
 
     def create(self) -> None:
         _pg(lambda con: con.execute(f'CREATE DATABASE "{self.name}"'))

@@ -51,6 +51,7 @@ __all__ = [
     "ledger_script",
     "naive_body",
     "placeholders",
+    "postgres_url",
     "render_argv",
     "server_env",
 ]
@@ -60,7 +61,21 @@ POSTGRES_HOST = "127.0.0.1"
 #: ``BENCH_POSTGRES_PORT`` points the PostgreSQL target at another cluster on this host (one on
 #: a RAM disk, to tell the disk's flushes from the server's own work); default the shared one.
 POSTGRES_PORT = int(os.environ.get("BENCH_POSTGRES_PORT", "5432"))
-POSTGRES_ADMIN_DSN = f"postgresql://postgres@{POSTGRES_HOST}:{POSTGRES_PORT}/postgres"
+#: ``BENCH_POSTGRES_SOCKET`` (a directory): reach that cluster over its Unix socket there
+#: (``.s.PGSQL.<port>``) instead of TCP on 127.0.0.1, as a database on the server's own machine
+#: often is.
+POSTGRES_SOCKET_DIR = os.environ.get("BENCH_POSTGRES_SOCKET") or None
+
+
+def postgres_url(database: str, *, driver: str = "postgresql+asyncpg") -> str:
+    """The URL of ``database`` on the benchmark's cluster (``driver="postgresql"``: a plain
+    asyncpg DSN), over TCP or, with ``BENCH_POSTGRES_SOCKET``, the Unix socket."""
+    if POSTGRES_SOCKET_DIR is not None:
+        return f"{driver}://postgres@/{database}?host={POSTGRES_SOCKET_DIR}&port={POSTGRES_PORT}"
+    return f"{driver}://postgres@{POSTGRES_HOST}:{POSTGRES_PORT}/{database}"
+
+
+POSTGRES_ADMIN_DSN = postgres_url("postgres", driver="postgresql")
 #: What the ledger is asked for; the scripted engine's model name.
 LEDGER_MODEL = "gpt-oss-scripted"
 
@@ -164,6 +179,15 @@ def _postgres_unavailable() -> str | None:
         import asyncpg  # noqa: F401
     except ImportError:
         return "asyncpg is not installed"
+    if POSTGRES_SOCKET_DIR is not None:
+        path = os.path.join(POSTGRES_SOCKET_DIR, f".s.PGSQL.{POSTGRES_PORT}")
+        try:
+            with socket.socket(socket.AF_UNIX) as unix:
+                unix.settimeout(2)
+                unix.connect(path)
+        except OSError as exc:
+            return f"no PostgreSQL socket at {path}: {exc}"
+        return None
     try:
         with socket.create_connection((POSTGRES_HOST, POSTGRES_PORT), timeout=2):
             pass
