@@ -1,5 +1,6 @@
 """``BENCH_POSTGRES_PORT`` points the PostgreSQL target at another cluster (one on a RAM disk):
-``python -m bench targets`` then checks that port, and only that one."""
+``python -m bench targets`` then checks that port, and only that one; ``BENCH_POSTGRES_SOCKET``
+reaches it over its Unix socket."""
 
 from __future__ import annotations
 
@@ -15,9 +16,12 @@ from tests.bench.commands import UNPINNED
 from tests.support.pg_cluster import PgCluster
 from tests.support.pg_cluster import unavailable as pg_unavailable
 
+#: The variables these tests set (any the caller's environment has are left out).
+_OURS = ("BENCH_POSTGRES_PORT", "BENCH_POSTGRES_SOCKET")
+
 
 def _postgres_line(port: str | None) -> str:
-    env = {k: v for k, v in os.environ.items() if k != "BENCH_POSTGRES_PORT"}
+    env = {k: v for k, v in os.environ.items() if k not in _OURS}
     if port is not None:
         env["BENCH_POSTGRES_PORT"] = port
     out = subprocess.run(
@@ -42,7 +46,7 @@ def _with(env: dict[str, str], argv: list[str]) -> subprocess.CompletedProcess[s
     return subprocess.run(
         [sys.executable, "-m", "bench", *argv],
         cwd=REPO_ROOT,
-        env={**os.environ, **env},
+        env={**{k: v for k, v in os.environ.items() if k not in _OURS}, **env},
         capture_output=True,
         text=True,
         check=False,
