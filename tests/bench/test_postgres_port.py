@@ -9,12 +9,9 @@ import os
 import subprocess
 import sys
 
-import pytest
-
 from bench.targets import REPO_ROOT
 from tests.bench.commands import UNPINNED
-from tests.support.pg_cluster import PgCluster
-from tests.support.pg_cluster import unavailable as pg_unavailable
+from tests.support.pg_cluster import own_cluster
 
 #: The variables these tests set (any the caller's environment has are left out).
 _OURS = ("BENCH_POSTGRES_PORT", "BENCH_POSTGRES_SOCKET")
@@ -59,11 +56,7 @@ def test_the_postgres_target_over_a_unix_socket(tmp_path):
     through it (the server's ``--database-url`` names the socket's directory)."""
     missing = _with({"BENCH_POSTGRES_SOCKET": "/nonexistent"}, ["targets"]).stdout
     assert "unavailable: no PostgreSQL socket at /nonexistent/.s.PGSQL.5432" in missing
-    reason = pg_unavailable()
-    if reason is not None:
-        pytest.skip(f"no PostgreSQL cluster of our own: {reason}")
-    cluster = PgCluster.create()
-    try:
+    with own_cluster() as cluster:
         env = {"BENCH_POSTGRES_SOCKET": str(cluster.root), "BENCH_POSTGRES_PORT": str(cluster.port)}
         listed = _with(env, ["targets"]).stdout
         line = next(x for x in listed.splitlines() if x.startswith("ledger-postgres"))
@@ -82,5 +75,3 @@ def test_the_postgres_target_over_a_unix_socket(tmp_path):
         (summary,) = json.loads(out.read_text())["summaries"]
         assert summary["failure"] is None and summary["errors"] == 0, summary
         assert summary["db_cpu_us_per_token"] is not None  # its backends found over the socket
-    finally:
-        cluster.destroy()

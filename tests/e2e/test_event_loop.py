@@ -15,6 +15,7 @@ import importlib.metadata
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 from openai import OpenAI
@@ -28,20 +29,29 @@ MODEL = "gpt-oss-loop"
 TURN = {"completion": harmony(("final", "Served on the loop it names."))}
 
 
-def _started_line(server: ServerProcess) -> str:
-    lines = [line for line in server.log_text().splitlines() if "event loop: " in line]
-    assert len(lines) == 1, server.log_text()
-    return lines[0]
-
-
-def _stream_one(server: ServerProcess) -> str:
-    client = OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0)
-    with client.responses.stream(model=MODEL, input="hi") as stream:
-        text = "".join(e.delta for e in stream if e.type == "response.output_text.delta")
-        final = stream.get_final_response()
-    assert final.status == "completed"
-    assert final.output_text == text
-    return text
+def _start_line(tmp_path: Path, name: str, **options: Any) -> str:
+    """Start a real ``responses-ledger serve`` with ``options`` (``ServerProcess``'s), stream
+    one response through the OpenAI SDK, stop it: the one line it logged about what it runs on."""
+    server = ServerProcess(
+        tmp_path,
+        name,
+        f"sqlite+aiosqlite:///{tmp_path / f'{name}.db'}",
+        {"turns": [TURN]},
+        model=MODEL,
+        **options,
+    )
+    try:
+        client = OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0)
+        with client.responses.stream(model=MODEL, input="hi") as stream:
+            text = "".join(e.delta for e in stream if e.type == "response.output_text.delta")
+            final = stream.get_final_response()
+        assert final.status == "completed"
+        assert final.output_text == text == "Served on the loop it names."
+        lines = [line for line in server.log_text().splitlines() if "event loop: " in line]
+        assert len(lines) == 1, server.log_text()
+        return lines[0]
+    finally:
+        server.stop()
 
 
 def test_the_package_requires_uvloop_and_httptools() -> None:
@@ -55,44 +65,17 @@ def test_the_package_requires_uvloop_and_httptools() -> None:
 
 
 def test_a_served_process_runs_on_uvloop_and_httptools(tmp_path: Path) -> None:
-    server = ServerProcess(
-        tmp_path,
-        "auto",
-        f"sqlite+aiosqlite:///{tmp_path / 'responses.db'}",
-        {"turns": [TURN]},
-        model=MODEL,
-        log_level="info",
-    )
-    try:
-        assert _stream_one(server) == "Served on the loop it names."
-        line = _started_line(server)
-        assert "event loop: uvloop; HTTP parser: httptools" in line
-        assert "not both installed" not in line
-    finally:
-        server.stop()
+    line = _start_line(tmp_path, "auto", log_level="info")
+    assert "event loop: uvloop; HTTP parser: httptools" in line
+    assert "not both installed" not in line
 
 
 def test_asyncio_and_h11_when_the_settings_name_them(tmp_path: Path) -> None:
-    server = ServerProcess(
-        tmp_path,
-        "asked",
-        f"sqlite+aiosqlite:///{tmp_path / 'responses.db'}",
-        {"turns": [TURN]},
-        model=MODEL,
-        log_level="info",
-        env={
-            "RESPONSES_LEDGER_EVENT_LOOP": "asyncio",
-            "RESPONSES_LEDGER_HTTP_IMPLEMENTATION": "h11",
-        },
-    )
-    try:
-        assert _stream_one(server) == "Served on the loop it names."
-        line = _started_line(server)
-        # asked for, so said as information, not warned about as a missing dependency
-        assert "event loop: asyncio; HTTP parser: h11" in line
-        assert "not both installed" not in line
-    finally:
-        server.stop()
+    env = {"RESPONSES_LEDGER_EVENT_LOOP": "asyncio", "RESPONSES_LEDGER_HTTP_IMPLEMENTATION": "h11"}
+    line = _start_line(tmp_path, "asked", log_level="info", env=env)
+    # asked for, so said as information, not warned about as a missing dependency
+    assert "event loop: asyncio; HTTP parser: h11" in line
+    assert "not both installed" not in line
 
 
 def test_auto_without_uvloop_warns_at_start(tmp_path: Path) -> None:
@@ -101,22 +84,10 @@ def test_auto_without_uvloop_warns_at_start(tmp_path: Path) -> None:
     blocker.mkdir()
     (blocker / "uvloop.py").write_text("raise ImportError('not installed here')\n")
     path = os.pathsep.join(p for p in (str(blocker), os.environ.get("PYTHONPATH", "")) if p)
-    server = ServerProcess(
-        tmp_path,
-        "fallback",
-        f"sqlite+aiosqlite:///{tmp_path / 'responses.db'}",
-        {"turns": [TURN]},
-        model=MODEL,
-        log_level="warning",  # the line is a warning: it shows at the default level too
-        env={"PYTHONPATH": path},
-    )
-    try:
-        assert _stream_one(server) == "Served on the loop it names."
-        line = _started_line(server)
-        assert "event loop: asyncio; HTTP parser: httptools" in line
-        assert "not both installed" in line
-    finally:
-        server.stop()
+    # the line is a warning: it shows at the default level too
+    line = _start_line(tmp_path, "fallback", log_level="warning", env={"PYTHONPATH": path})
+    assert "event loop: asyncio; HTTP parser: httptools" in line
+    assert "not both installed" in line
 
 
 def test_the_event_loop_setting() -> None:

@@ -19,8 +19,7 @@ import pytest
 from openai import OpenAI
 
 from tests.e2e.conftest import harmony
-from tests.support.pg_cluster import DATABASE, PgCluster
-from tests.support.pg_cluster import unavailable as pg_unavailable
+from tests.support.pg_cluster import DATABASE, PgCluster, own_cluster
 from tests.support.process import ServerProcess
 
 MODEL = "gpt-oss-socket"
@@ -29,14 +28,8 @@ WORDS = " ".join(f"word{i}" for i in range(40))
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[PgCluster]:
-    reason = pg_unavailable()
-    if reason is not None:
-        pytest.skip(f"no PostgreSQL cluster of our own: {reason}")
-    made = PgCluster.create()
-    try:
+    with own_cluster() as made:
         yield made
-    finally:
-        made.destroy()
 
 
 def test_a_server_over_a_unix_socket_migrates_streams_and_follows(

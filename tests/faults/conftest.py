@@ -10,20 +10,13 @@ from collections.abc import Iterator
 import pytest
 
 from tests.faults.storage import Tmpfs, mount_unavailable
-from tests.support.pg_cluster import PgCluster
-from tests.support.pg_cluster import unavailable as pg_unavailable
+from tests.support.pg_cluster import PgCluster, own_cluster
 
 
 @pytest.fixture(scope="session")
 def pg_cluster() -> Iterator[PgCluster]:
-    reason = pg_unavailable()
-    if reason is not None:
-        pytest.skip(f"no PostgreSQL cluster of our own: {reason}")
-    cluster = PgCluster.create()
-    try:
+    with own_cluster() as cluster:
         yield cluster
-    finally:
-        cluster.destroy()
 
 
 @pytest.fixture

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import psutil
 
-__all__ = ["PgCluster", "unavailable"]
+__all__ = ["PgCluster", "own_cluster", "unavailable"]
 
 BIN = Path("/usr/lib/postgresql/15/bin")
 USER = "postgres"
@@ -58,6 +58,22 @@ def unavailable() -> str | None:
     if shutil.which("runuser") is None:
         return "runuser is not installed"
     return None
+
+
+@contextlib.contextmanager
+def own_cluster() -> Iterator[PgCluster]:
+    """A cluster of the caller's own for the ``with`` block (destroyed after), or a pytest skip
+    that says why this machine cannot make one."""
+    import pytest  # (this module also serves scripts that have no pytest session)
+
+    reason = unavailable()
+    if reason is not None:
+        pytest.skip(f"no PostgreSQL cluster of our own: {reason}")
+    cluster = PgCluster.create()
+    try:
+        yield cluster
+    finally:
+        cluster.destroy()
 
 
 def _free_port() -> int:
