@@ -60,9 +60,13 @@ def _log_format(value: str) -> str:
     return fmt
 
 
+#: ``Settings.event_loop``'s values (``app.transport.loop_name`` resolves them).
+EVENT_LOOPS = ("auto", "uvloop", "asyncio")
+
+
 def _event_loop(value: str) -> str:
     loop = value.strip().lower()
-    if loop not in ("auto", "uvloop", "asyncio"):
+    if loop not in EVENT_LOOPS:
         raise ValueError(f"RESPONSES_LEDGER_EVENT_LOOP: {value!r} is not auto, uvloop or asyncio")
     return loop
 

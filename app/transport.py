@@ -77,7 +77,7 @@ from uvicorn.config import LOGGING_CONFIG
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from app.errors import error_body
-from app.settings import Settings
+from app.settings import EVENT_LOOPS, Settings
 
 if TYPE_CHECKING:
     from uvicorn.protocols.http.flow_control import FlowControl
@@ -653,7 +653,7 @@ def loop_name(choice: str) -> str:
     asyncio's), ``uvloop`` or ``asyncio``. uvloop is a dependency: on asyncio's loop (and h11) a
     paced token cost the server 5-36 % more CPU (bench/RESULTS.md, twenty-ninth session), and the
     256-stream p99 was 3-4 ms later on asyncio's loop alone (twenty-eighth)."""
-    if choice not in ("auto", "uvloop", "asyncio"):
+    if choice not in EVENT_LOOPS:  # (a Settings made in code, not read from the environment)
         raise ValueError(f"event loop {choice!r}: use auto, uvloop or asyncio")
     if choice == "asyncio":
         return "asyncio"
@@ -672,15 +672,13 @@ class _Config(uvicorn.Config):
         app: Any,
         *,
         connections: _Connections,
-        event_loop: str,
-        http_implementation: str,
+        settings: Settings,
         **kwargs: Any,
     ) -> None:
         super().__init__(app, **kwargs)
         self.connections = connections
-        #: What the settings asked for (``auto``: what is installed), for the start-up line.
-        self.event_loop = event_loop
-        self.http_implementation = http_implementation
+        #: What the server was asked for (``auto``: whatever is installed), for the start-up line.
+        self.settings = settings
 
 
 class Server(uvicorn.Server):
@@ -702,7 +700,7 @@ class Server(uvicorn.Server):
         # lacks uvloop or httptools (an install without the dependencies) says so at start
         loop = type(asyncio.get_running_loop()).__module__.split(".")[0]
         parser = getattr(self.config.http, "parser_name", "?")
-        asked = cast(_Config, self.config)
+        asked = cast(_Config, self.config).settings
         fallback = asked.event_loop == "auto" and loop != "uvloop"
         fallback = fallback or (asked.http_implementation == "auto" and parser != "httptools")
         log.log(
@@ -768,8 +766,7 @@ def server(
         lifespan="on",
         loop=loop_name(settings.event_loop),
         http=protocol_class(settings.http_implementation),
-        event_loop=settings.event_loop,
-        http_implementation=settings.http_implementation,
+        settings=settings,
         timeout_keep_alive=limits.keep_alive_s,  # type: ignore[arg-type]  # a float works
         h11_max_incomplete_event_size=limits.max_head_bytes,
     )

@@ -17,29 +17,8 @@ from tests.support.pg_cluster import own_cluster
 _OURS = ("BENCH_POSTGRES_PORT", "BENCH_POSTGRES_SOCKET")
 
 
-def _postgres_line(port: str | None) -> str:
-    env = {k: v for k, v in os.environ.items() if k not in _OURS}
-    if port is not None:
-        env["BENCH_POSTGRES_PORT"] = port
-    out = subprocess.run(
-        [sys.executable, "-m", "bench", "targets"],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
-    ).stdout
-    return next(line for line in out.splitlines() if line.startswith("ledger-postgres"))
-
-
-def test_the_postgres_target_uses_the_port_it_is_given():
-    assert "unavailable: no PostgreSQL on 127.0.0.1:1:" in _postgres_line("1")
-    # unset: the shared cluster on 5432 (up on every developer machine and in CI)
-    assert _postgres_line(None).split()[1] == "ok"
-
-
 def _with(env: dict[str, str], argv: list[str]) -> subprocess.CompletedProcess[str]:
+    """``python -m bench ARGV`` with ``env`` on top of the caller's environment, less ``_OURS``."""
     return subprocess.run(
         [sys.executable, "-m", "bench", *argv],
         cwd=REPO_ROOT,
@@ -51,16 +30,30 @@ def _with(env: dict[str, str], argv: list[str]) -> subprocess.CompletedProcess[s
     )
 
 
+def _postgres_line(env: dict[str, str]) -> str:
+    """``python -m bench targets``' line for the PostgreSQL target."""
+    proc = _with(env, ["targets"])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return next(line for line in proc.stdout.splitlines() if line.startswith("ledger-postgres"))
+
+
+def test_the_postgres_target_uses_the_port_it_is_given():
+    assert "unavailable: no PostgreSQL on 127.0.0.1:1:" in _postgres_line(
+        {"BENCH_POSTGRES_PORT": "1"}
+    )
+    # unset: the shared cluster on 5432 (up on every developer machine and in CI)
+    assert _postgres_line({}).split()[1] == "ok"
+
+
 def test_the_postgres_target_over_a_unix_socket(tmp_path):
     """``BENCH_POSTGRES_SOCKET``: the target checks that socket, and a run reaches the cluster
     through it (the server's ``--database-url`` names the socket's directory)."""
-    missing = _with({"BENCH_POSTGRES_SOCKET": "/nonexistent"}, ["targets"]).stdout
+    missing = _postgres_line({"BENCH_POSTGRES_SOCKET": "/nonexistent"})
     assert "unavailable: no PostgreSQL socket at /nonexistent/.s.PGSQL.5432" in missing
     with own_cluster() as cluster:
         env = {"BENCH_POSTGRES_SOCKET": str(cluster.root), "BENCH_POSTGRES_PORT": str(cluster.port)}
-        listed = _with(env, ["targets"]).stdout
-        line = next(x for x in listed.splitlines() if x.startswith("ledger-postgres"))
-        assert line.split()[1] == "ok", listed
+        line = _postgres_line(env)
+        assert line.split()[1] == "ok", line
         out = tmp_path / "bench.json"
         proc = _with(
             env,

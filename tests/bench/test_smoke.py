@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.bench.commands import UNPINNED, run
+from tests.support.process import without_modules
 
 
 def _run(argv: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -193,17 +194,13 @@ def test_run_with_a_history_serves_over_a_database_that_holds_it(tmp_path):
 def test_run_says_when_a_ledger_server_ran_without_uvloop(tmp_path):
     """A ledger server that found uvloop missing warns at start (``app.transport``), and the run
     repeats it under the server's command, so a figure measured on asyncio's loop says so."""
-    blocker = tmp_path / "no_uvloop"
-    blocker.mkdir()
-    (blocker / "uvloop.py").write_text("raise ImportError('not installed here')\n")
-    path = os.pathsep.join(p for p in (str(blocker), os.environ.get("PYTHONPATH", "")) if p)
     proc = _run(
         [
             sys.executable, "-m", "bench", "run", "--target", "ledger-sqlite",
             "--concurrency", "2", "--reps", "1", "--tokens", "20", "--total-tokens", "40",
             "--no-warmup", *UNPINNED, "--json", str(tmp_path / "bench.json"),
         ],
-        env={**os.environ, "PYTHONPATH": path},
+        env={**os.environ, **without_modules(tmp_path, "uvloop")},
     )  # fmt: skip
     assert (
         "\n  event loop: asyncio; HTTP parser: httptools (uvloop and httptools are not both "

@@ -12,7 +12,6 @@ and the protocol in use (a warning when ``auto`` found either one missing).
 from __future__ import annotations
 
 import importlib.metadata
-import os
 import re
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ from openai import OpenAI
 from app import transport
 from app.settings import Settings
 from tests.e2e.conftest import harmony
-from tests.support.process import ServerProcess
+from tests.support.process import ServerDidNotStart, ServerProcess, without_modules
 
 MODEL = "gpt-oss-loop"
 TURN = {"completion": harmony(("final", "Served on the loop it names."))}
@@ -79,15 +78,19 @@ def test_asyncio_and_h11_when_the_settings_name_them(tmp_path: Path) -> None:
 
 
 def test_auto_without_uvloop_warns_at_start(tmp_path: Path) -> None:
-    # a directory first on the path whose ``uvloop`` cannot be imported: an install without it
-    blocker = tmp_path / "no_uvloop"
-    blocker.mkdir()
-    (blocker / "uvloop.py").write_text("raise ImportError('not installed here')\n")
-    path = os.pathsep.join(p for p in (str(blocker), os.environ.get("PYTHONPATH", "")) if p)
     # the line is a warning: it shows at the default level too
-    line = _start_line(tmp_path, "fallback", log_level="warning", env={"PYTHONPATH": path})
+    env = without_modules(tmp_path, "uvloop")
+    line = _start_line(tmp_path, "fallback", log_level="warning", env=env)
     assert "event loop: asyncio; HTTP parser: httptools" in line
     assert "not both installed" in line
+
+
+def test_uvloop_asked_for_and_missing_fails_at_start(tmp_path: Path) -> None:
+    env = {**without_modules(tmp_path, "uvloop"), "RESPONSES_LEDGER_EVENT_LOOP": "uvloop"}
+    with pytest.raises(ServerDidNotStart) as refused:
+        _start_line(tmp_path, "asked-missing", env=env)
+    assert refused.value.returncode not in (None, 0)
+    assert "event loop 'uvloop': uvloop is not installed" in str(refused.value)
 
 
 def test_the_event_loop_setting() -> None:

@@ -35,7 +35,7 @@ import httpx
 
 from tests.support.server import free_port
 
-__all__ = ["ServerDidNotStart", "ServerProcess", "command"]
+__all__ = ["ServerDidNotStart", "ServerProcess", "command", "without_modules"]
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -57,6 +57,18 @@ _SCRUBBED = (
     "RESPONSES_LEDGER_TAKEOVER",
     "RESPONSES_LEDGER_DRAIN_S",
 )
+
+
+def without_modules(workdir: Path, *names: str) -> dict[str, str]:
+    """``PYTHONPATH`` for a child process in which each of ``names`` (top-level modules) fails to
+    import, as on an install that lacks them: a directory of modules that raise ``ImportError``,
+    first on the path, made in ``workdir``."""
+    blocker = workdir / "without_modules"
+    blocker.mkdir(exist_ok=True)
+    for name in names:
+        (blocker / f"{name}.py").write_text(f"raise ImportError('{name} is not installed here')\n")
+    path = os.pathsep.join(p for p in (str(blocker), os.environ.get("PYTHONPATH", "")) if p)
+    return {"PYTHONPATH": path}
 
 
 class ServerDidNotStart(AssertionError):
