@@ -20,7 +20,8 @@ import sys
 from typing import Any
 
 from app.engines.vllm import ENGINE_OPTION_NAMES, add_engine_arguments
-from app.settings import Settings
+from app.settings import Settings, SettingsError
+from app.startup import StartupError, check_database_url
 
 __all__ = ["main"]
 
@@ -105,6 +106,7 @@ def _serve(args: argparse.Namespace) -> None:
         frontends=args.frontends,
         engine_options=engine_options or None,
     )
+    check_database_url(settings.database_url)
     logs.configure(settings.log_level, settings.log_format)
     if settings.frontends != 1:
         from app import frontends
@@ -183,7 +185,20 @@ async def _keys(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command's exit status: 0, or 2 for a setting that cannot be used (said in one line,
+    before anything starts), 3 for a server that could not start (``app.startup``)."""
     args = _parser().parse_args(argv)
+    try:
+        return _run(args)
+    except SettingsError as exc:
+        print(f"responses-ledger: error: {exc}", file=sys.stderr)
+        return 2
+    except StartupError as exc:
+        print(f"responses-ledger: error: {exc}", file=sys.stderr)
+        return 3
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.command == "serve":
         _serve(args)
         return 0

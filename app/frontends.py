@@ -48,7 +48,8 @@ from multiprocessing.connection import wait
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-from app.settings import Settings
+from app.settings import Settings, SettingsError
+from app.startup import DATABASE_ERRORS, database_unreachable
 from persistence.records import Replica
 
 __all__ = ["ReplicaHeader", "group_peers", "serve"]
@@ -138,7 +139,7 @@ def serve(settings: Settings) -> int:
     status (0 after a signal, 1 if a frontend or the engine core stopped on its own)."""
     refusal = _refusal(settings)
     if refusal:
-        raise SystemExit(refusal)
+        raise SettingsError(refusal)
     count = settings.frontends
     ctx = multiprocessing.get_context("spawn")
     stop: list[int] = []
@@ -151,7 +152,10 @@ def serve(settings: Settings) -> int:
 
     from persistence import migrate
 
-    migrate.upgrade(settings.database_url)  # once here, not N times at once in the frontends
+    try:  # once here, not N times at once in the frontends
+        migrate.upgrade(settings.database_url)
+    except DATABASE_ERRORS as exc:
+        raise database_unreachable(settings.database_url, exc) from exc
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     sock = _bind(settings.host, settings.port)
     group_pids = ctx.Array("i", count, lock=False)

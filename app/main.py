@@ -40,6 +40,12 @@ from app.metrics import Metrics
 from app.reasoning_crypto import ReasoningCipher, new_key
 from app.service import ResponseService
 from app.settings import Settings
+from app.startup import (
+    DATABASE_ERRORS,
+    StartupError,
+    database_unreachable,
+    reported_in_one_line,
+)
 from app.ui import AuditGate
 from domain.errors import DomainError
 from persistence.doorbell import doorbell_for
@@ -64,8 +70,12 @@ def build_engine(settings: Settings, engine_core: Mapping[str, Any] | None = Non
         from app.engines.scripted import ScriptedEngine, load_script
 
         if not settings.script:
-            raise SystemExit("--engine scripted needs --script FILE (or RESPONSES_LEDGER_SCRIPT)")
-        return ScriptedEngine(encoding, names, load_script(settings.script))
+            raise StartupError("--engine scripted needs --script FILE (or RESPONSES_LEDGER_SCRIPT)")
+        try:
+            script = load_script(settings.script)
+        except (OSError, ValueError) as exc:  # (a JSONDecodeError is a ValueError)
+            raise StartupError(f"the scripted engine's --script {settings.script}: {exc}") from None
+        return ScriptedEngine(encoding, names, script)
     if settings.engine == "vllm":
         from app.engines.vllm import VllmEngine, engine_config_from
 
@@ -78,18 +88,24 @@ def build_engine(settings: Settings, engine_core: Mapping[str, Any] | None = Non
         return VllmEngine(
             dataclasses.replace(config, prometheus=settings.metrics), core=engine_core
         )
-    raise SystemExit(f"unknown engine {settings.engine!r}: use echo, scripted or vllm")
+    raise StartupError(f"unknown engine {settings.engine!r}: use echo, scripted or vllm")
 
 
 async def open_store(settings: Settings) -> EventStore:
+    """The settings' store, migrated; a database that cannot be reached or opened (refused,
+    unknown host, no such database, wrong password, a URL no driver reads) is a
+    ``StartupError`` that names it."""
     from persistence.sql import open_store as open_sql_store
 
-    return await open_sql_store(
-        settings.database_url,
-        commit_window_ms=settings.commit_window_ms,
-        retry_s=settings.store_retry_s,
-        statement_timeout_s=settings.statement_timeout_s,
-    )
+    try:
+        return await open_sql_store(
+            settings.database_url,
+            commit_window_ms=settings.commit_window_ms,
+            retry_s=settings.store_retry_s,
+            statement_timeout_s=settings.statement_timeout_s,
+        )
+    except (*DATABASE_ERRORS, StoreError) as exc:
+        raise database_unreachable(settings.database_url, exc) from exc
 
 
 def tune_gc(threshold: tuple[int, int, int]) -> None:
@@ -154,7 +170,7 @@ def create_app(
                     await the_engine.stop()
                 if own_store:
                     await the_store.close()
-                raise SystemExit(str(exc)) from None
+                raise StartupError(str(exc)) from None
         # the first heartbeat (this replica's lease row), and whether the database takes writes:
         # a read-only or full one starts degraded and says so on /health
         await the_store.probe()
@@ -227,14 +243,22 @@ def create_app(
         Middleware(AuditGate),  # /ui: admins only when keys are required (app.ui)
         *([Middleware(ReplicaHeader)] if settings.frontends > 1 else []),
     ]
-    app = Starlette(
-        routes=routes, lifespan=lifespan, exception_handlers=handled, middleware=middleware
-    )
+    app = _App(routes=routes, lifespan=lifespan, exception_handlers=handled, middleware=middleware)
     app.state.ready = False
     app.state.settings = settings
     app.state.limits = KeyLimits()
     app.state.metrics = Metrics(enabled=settings.metrics)
     return app
+
+
+class _App(Starlette):
+    """The application: Starlette, whose start-up failures that are ``StartupError`` reach
+    uvicorn as their one-line message (``app.startup``)."""
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            send = reported_in_one_line(send)
+        await super().__call__(scope, receive, send)
 
 
 async def _key_ring(settings: Settings, store: EventStore) -> KeyRing:
@@ -249,8 +273,7 @@ async def _key_ring(settings: Settings, store: EventStore) -> KeyRing:
                 "response. Create a key (responses-ledger keys create --project NAME), set "
                 "RESPONSES_LEDGER_API_KEY, or set RESPONSES_LEDGER_RUN_OPEN=true to run open."
             )
-            log.error("%s", message)
-            raise SystemExit(message)
+            raise StartupError(message)
         log.info(
             "no API key required (%s)", "loopback" if is_loopback(settings.host) else "run open"
         )

@@ -14,13 +14,43 @@ from typing import Any
 
 from app.turns import SETUP_SHARE
 
-__all__ = ["Settings"]
+__all__ = ["Settings", "SettingsError"]
 
 DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./data/responses.db"
 
 
+class SettingsError(ValueError):
+    """A setting that cannot be used; the message names its variable, the value and what it
+    takes. ``responses-ledger`` prints it in one line and exits with status 2, before anything
+    starts."""
+
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
 def _bool(value: str) -> bool:
-    return value.strip().lower() in ("1", "true", "yes", "on")
+    word = value.strip().lower()
+    if word in _TRUE:
+        return True
+    if word in _FALSE:
+        return False
+    # (a typo must not turn a switch off: RESPONSES_LEDGER_METRICS=ture was False)
+    raise ValueError("takes true or false (1/0, yes/no, on/off)")
+
+
+def _int(value: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError("takes a whole number") from None
+
+
+def _float(value: str) -> float:
+    try:
+        return float(value)
+    except ValueError:
+        raise ValueError("takes a number") from None
 
 
 def _names(value: str) -> tuple[str, ...]:
@@ -31,32 +61,33 @@ def _gc_threshold(value: str) -> tuple[int, int, int] | None:
     """``gen0,gen1,gen2`` thresholds, or ``python`` to leave the interpreter's GC as it is."""
     if value.strip().lower() in ("python", "default", "off", "none"):
         return None
-    parts = tuple(int(part) for part in value.split(","))
+    try:
+        parts = tuple(int(part) for part in value.split(","))
+    except ValueError:
+        parts = ()
     if len(parts) != 3 or min(parts) < 1:
-        raise ValueError(
-            f"RESPONSES_LEDGER_GC_THRESHOLD: {value!r} is not gen0,gen1,gen2 (or python)"
-        )
+        raise ValueError("takes gen0,gen1,gen2 (three whole numbers of at least 1) or python")
     return parts[0], parts[1], parts[2]
 
 
 def _takeover(value: str) -> str:
     mode = value.strip().lower()
     if mode not in ("continue", "fail"):
-        raise ValueError(f"RESPONSES_LEDGER_TAKEOVER: {value!r} is not continue or fail")
+        raise ValueError("takes continue or fail")
     return mode
 
 
 def _setup_share(value: str) -> float:
-    share = float(value)
+    share = _float(value)
     if not 0 < share <= 1:
-        raise ValueError(f"RESPONSES_LEDGER_SETUP_SHARE: {value!r} is not a number in (0, 1]")
+        raise ValueError("takes a number in (0, 1]")
     return share
 
 
 def _log_format(value: str) -> str:
     fmt = value.strip().lower()
     if fmt not in ("json", "text"):
-        raise ValueError(f"RESPONSES_LEDGER_LOG_FORMAT: {value!r} is not json or text")
+        raise ValueError("takes json or text")
     return fmt
 
 
@@ -67,7 +98,7 @@ EVENT_LOOPS = ("auto", "uvloop", "asyncio")
 def _event_loop(value: str) -> str:
     loop = value.strip().lower()
     if loop not in EVENT_LOOPS:
-        raise ValueError(f"RESPONSES_LEDGER_EVENT_LOOP: {value!r} is not auto, uvloop or asyncio")
+        raise ValueError("takes auto, uvloop or asyncio")
     return loop
 
 
@@ -81,7 +112,7 @@ def _aliases(value: str) -> dict[str, str]:
     for pair in _names(value):
         alias, _, target = pair.partition("=")
         if not target:
-            raise ValueError(f"RESPONSES_LEDGER_MODEL_ALIASES: {pair!r} is not alias=model")
+            raise ValueError(f"takes alias=model pairs, and {pair!r} is not one")
         out[alias.strip()] = target.strip()
     return out
 
@@ -215,53 +246,56 @@ class Settings:
         values: dict[str, Any] = {}
         simple: dict[str, tuple[str, Callable[[str], Any]]] = {
             "RESPONSES_LEDGER_HOST": ("host", str),
-            "RESPONSES_LEDGER_PORT": ("port", int),
+            "RESPONSES_LEDGER_PORT": ("port", _int),
             "DATABASE_URL": ("database_url", str),
             "RESPONSES_LEDGER_ENGINE": ("engine", str),
             "RESPONSES_LEDGER_SCRIPT": ("script", str),
             "RESPONSES_LEDGER_MODEL": ("model", str),
             "RESPONSES_LEDGER_SERVED_MODEL_NAME": ("served_model_names", _names),
             "RESPONSES_LEDGER_MODEL_ALIASES": ("model_aliases", _aliases),
-            "RESPONSES_LEDGER_COMMIT_WINDOW_MS": ("commit_window_ms", float),
+            "RESPONSES_LEDGER_COMMIT_WINDOW_MS": ("commit_window_ms", _float),
             "RESPONSES_LEDGER_REASONING_KEY": ("reasoning_key", str),
             "RESPONSES_LEDGER_RECOVER_ON_START": ("recover_on_start", _bool),
             "RESPONSES_LEDGER_DEFAULT_REASONING_EFFORT": ("default_reasoning_effort", str),
-            "RESPONSES_LEDGER_MAX_BODY_BYTES": ("max_body_bytes", int),
-            "RESPONSES_LEDGER_STORE_RETRY_S": ("store_retry_s", float),
-            "RESPONSES_LEDGER_STATEMENT_TIMEOUT_S": ("statement_timeout_s", float),
-            "RESPONSES_LEDGER_REPAIR_INTERVAL_S": ("repair_interval_s", float),
-            "RESPONSES_LEDGER_LEASE_S": ("lease_s", float),
-            "RESPONSES_LEDGER_HEARTBEAT_S": ("heartbeat_s", float),
+            "RESPONSES_LEDGER_MAX_BODY_BYTES": ("max_body_bytes", _int),
+            "RESPONSES_LEDGER_STORE_RETRY_S": ("store_retry_s", _float),
+            "RESPONSES_LEDGER_STATEMENT_TIMEOUT_S": ("statement_timeout_s", _float),
+            "RESPONSES_LEDGER_REPAIR_INTERVAL_S": ("repair_interval_s", _float),
+            "RESPONSES_LEDGER_LEASE_S": ("lease_s", _float),
+            "RESPONSES_LEDGER_HEARTBEAT_S": ("heartbeat_s", _float),
             "RESPONSES_LEDGER_TAKEOVER": ("takeover", _takeover),
-            "RESPONSES_LEDGER_DRAIN_S": ("drain_s", float),
-            "RESPONSES_LEDGER_HTTP_HEADER_TIMEOUT_S": ("http_header_timeout_s", float),
-            "RESPONSES_LEDGER_HTTP_KEEP_ALIVE_S": ("http_keep_alive_s", float),
-            "RESPONSES_LEDGER_HTTP_MAX_HEAD_BYTES": ("http_max_head_bytes", int),
-            "RESPONSES_LEDGER_HTTP_MAX_CONNECTIONS": ("http_max_connections", int),
+            "RESPONSES_LEDGER_DRAIN_S": ("drain_s", _float),
+            "RESPONSES_LEDGER_HTTP_HEADER_TIMEOUT_S": ("http_header_timeout_s", _float),
+            "RESPONSES_LEDGER_HTTP_KEEP_ALIVE_S": ("http_keep_alive_s", _float),
+            "RESPONSES_LEDGER_HTTP_MAX_HEAD_BYTES": ("http_max_head_bytes", _int),
+            "RESPONSES_LEDGER_HTTP_MAX_CONNECTIONS": ("http_max_connections", _int),
             "RESPONSES_LEDGER_HTTP_IMPLEMENTATION": ("http_implementation", str),
             "RESPONSES_LEDGER_EVENT_LOOP": ("event_loop", _event_loop),
-            "RESPONSES_LEDGER_SEND_BUFFER_BYTES": ("send_buffer_bytes", int),
-            "RESPONSES_LEDGER_SEND_STALL_S": ("send_stall_s", float),
+            "RESPONSES_LEDGER_SEND_BUFFER_BYTES": ("send_buffer_bytes", _int),
+            "RESPONSES_LEDGER_SEND_STALL_S": ("send_stall_s", _float),
             "RESPONSES_LEDGER_COALESCE_DELTAS": ("coalesce_deltas", _bool),
             "RESPONSES_LEDGER_SETUP_SHARE": ("setup_share", _setup_share),
             "RESPONSES_LEDGER_LOG_LEVEL": ("log_level", str),
             "RESPONSES_LEDGER_LOG_FORMAT": ("log_format", _log_format),
             "RESPONSES_LEDGER_METRICS": ("metrics", _bool),
-            "RESPONSES_LEDGER_FRONTENDS": ("frontends", int),
+            "RESPONSES_LEDGER_FRONTENDS": ("frontends", _int),
             "RESPONSES_LEDGER_API_KEY": ("api_key", str),
             "RESPONSES_LEDGER_REQUIRE_API_KEY": ("require_api_key", _bool),
             "RESPONSES_LEDGER_RUN_OPEN": ("run_open", _bool),
-            "RESPONSES_LEDGER_KEY_CACHE_S": ("key_cache_s", float),
+            "RESPONSES_LEDGER_KEY_CACHE_S": ("key_cache_s", _float),
             "RESPONSES_LEDGER_ALLOWED_HOSTS": ("allowed_hosts", _names),
             "RESPONSES_LEDGER_CORS_ORIGINS": ("cors_origins", _names),
         }
-        if env.get("RESPONSES_LEDGER_GC_THRESHOLD"):
-            values["gc_threshold"] = _gc_threshold(env["RESPONSES_LEDGER_GC_THRESHOLD"])
-        elif serving:
+        simple["RESPONSES_LEDGER_GC_THRESHOLD"] = ("gc_threshold", _gc_threshold)
+        if serving:
             values["gc_threshold"] = SERVE_GC_THRESHOLD
         for var, (name, convert) in simple.items():
-            if env.get(var):
-                values[name] = convert(env[var])
+            value = env.get(var)
+            if value:
+                try:
+                    values[name] = convert(value)
+                except ValueError as exc:
+                    raise SettingsError(f"{var}={value!r}: {exc}") from None
         settings = cls(**values)
         overrides = {k: v for k, v in overrides.items() if v is not None}
         return replace(settings, **overrides) if overrides else settings

@@ -60,6 +60,7 @@ parser callbacks ``on_message_begin``/``on_message_complete``); h11's ``conn.the
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import logging
@@ -77,7 +78,7 @@ from uvicorn.config import LOGGING_CONFIG
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from app.errors import error_body
-from app.settings import EVENT_LOOPS, Settings
+from app.settings import EVENT_LOOPS, Settings, SettingsError
 
 if TYPE_CHECKING:
     from uvicorn.protocols.http.flow_control import FlowControl
@@ -654,14 +655,17 @@ def loop_name(choice: str) -> str:
     paced token cost the server 5-36 % more CPU (bench/RESULTS.md, twenty-ninth session), and the
     256-stream p99 was 3-4 ms later on asyncio's loop alone (twenty-eighth)."""
     if choice not in EVENT_LOOPS:  # (a Settings made in code, not read from the environment)
-        raise ValueError(f"event loop {choice!r}: use auto, uvloop or asyncio")
+        raise SettingsError(f"event loop {choice!r}: use auto, uvloop or asyncio")
     if choice == "asyncio":
         return "asyncio"
     try:
         import uvloop  # noqa: F401
     except ImportError:
         if choice == "uvloop":
-            raise ValueError("event loop 'uvloop': uvloop is not installed") from None
+            raise SettingsError(
+                "event loop 'uvloop': uvloop is not installed (RESPONSES_LEDGER_EVENT_LOOP=uvloop;"
+                " install the package's dependencies, or use auto)"
+            ) from None
         return "asyncio"
     return "uvloop"
 
@@ -810,8 +814,12 @@ def body_writer(scope: Any) -> Callable[[bytes], bool] | None:
 
 
 def run(app: Any, settings: Settings) -> None:
-    """Serve until stopped (exit status 3 if the server did not start, as ``uvicorn.run``)."""
+    """Serve until stopped (exit status 3 if the server did not start, as ``uvicorn.run``).
+    Stopped by SIGINT (Ctrl-C), it shuts down as on SIGTERM and returns: uvicorn raises the
+    signal again once it has shut down, which asyncio turns into a ``KeyboardInterrupt`` whose
+    traceback would follow "Finished server process" (``uvicorn.run`` swallows it too)."""
     the_server = server(app, settings, own_logging=True)
-    the_server.run()
+    with contextlib.suppress(KeyboardInterrupt):
+        the_server.run()
     if not the_server.started:
         sys.exit(3)

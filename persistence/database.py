@@ -68,7 +68,10 @@ def sqlite_path(url: URL) -> Path | None:
         return None
     database = url.database or ""
     if database in ("", ":memory:") or database.startswith("file::memory:"):
-        raise ValueError("in-memory SQLite is not supported; use MemoryStore instead")
+        raise ValueError(
+            "in-memory SQLite is not supported (each connection would see a database of its "
+            "own): give a file (in code, persistence.memory.MemoryStore keeps a store in memory)"
+        )
     return Path(database)
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from app.encoding import load_encoding
 from app.engines.echo import EchoEngine
-from app.settings import SERVE_GC_THRESHOLD, Settings
+from app.settings import SERVE_GC_THRESHOLD, Settings, SettingsError
 from tests.support.server import serve
 
 
@@ -84,3 +84,19 @@ def test_serve_tunes_the_gc_once_started(tmp_path: Path) -> None:
     finally:
         gc.unfreeze()
         gc.set_threshold(*before)
+
+
+def test_a_value_that_cannot_be_used_is_refused_naming_its_variable() -> None:
+    for variable, value, said in [
+        ("RESPONSES_LEDGER_PORT", "8o00", "takes a whole number"),
+        ("RESPONSES_LEDGER_LEASE_S", "3 s", "takes a number"),
+        ("RESPONSES_LEDGER_RECOVER_ON_START", "flase", "takes true or false"),
+        ("RESPONSES_LEDGER_GC_THRESHOLD", "a,b,c", "takes gen0,gen1,gen2"),
+        ("RESPONSES_LEDGER_TAKEOVER", "resume", "takes continue or fail"),
+    ]:
+        with pytest.raises(SettingsError) as refused:
+            Settings.from_env({variable: value})
+        assert str(refused.value).startswith(f"{variable}={value!r}: {said}")
+    # a switch takes either word of each pair, in any case; nothing else
+    for word, meant in [("1", True), ("Yes", True), ("ON", True), ("0", False), ("no", False)]:
+        assert Settings.from_env({"RESPONSES_LEDGER_METRICS": word}).metrics is meant

@@ -1,0 +1,179 @@
+"""Starting and stopping ``responses-ledger serve`` as an operator does, from a shell.
+
+A setting that cannot be used is said in one line before anything starts (exit status 2); a
+server that cannot start for a reason its operator can act on says that reason in one line,
+without a traceback (status 3, as before); Ctrl-C stops a server as SIGTERM does, and it exits
+0 without the ``KeyboardInterrupt`` traceback that followed "Finished server process". Each
+test starts a real server process (``app.startup``, ``app.settings``, ``app.transport.run``).
+"""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e.conftest import harmony
+from tests.support.process import ServerDidNotStart, ServerProcess
+from tests.support.server import free_port
+
+TURN = {"completion": harmony(("final", "started"))}
+
+
+def _refused(tmp_path: Path, name: str, url: str | None = None, **options: Any) -> tuple[int, str]:
+    """Start a server that must not start: its exit status and everything it printed."""
+    database = url or f"sqlite+aiosqlite:///{tmp_path / f'{name}.db'}"
+    with pytest.raises(ServerDidNotStart) as refused:
+        ServerProcess(tmp_path, name, database, {"turns": [TURN]}, **options)
+    status = refused.value.returncode
+    assert status is not None, str(refused.value)  # it exited, it did not hang
+    return status, (tmp_path / f"{name}.log").read_text()
+
+
+def _error_lines(output: str) -> list[str]:
+    return [line for line in output.splitlines() if "error" in line.lower()]
+
+
+def test_ctrl_c_stops_the_server_without_a_traceback(tmp_path: Path) -> None:
+    server = ServerProcess(
+        tmp_path,
+        "ctrl-c",
+        f"sqlite+aiosqlite:///{tmp_path / 'c.db'}",
+        {"turns": [TURN]},
+        log_level="info",
+    )
+    try:
+        server.signal(signal.SIGINT)
+        assert server.proc.wait(timeout=30) == 0
+    finally:
+        server.stop()
+    output = server.log_text()
+    assert "Finished server process" in output  # uvicorn's shutdown ran to its end
+    assert "Traceback" not in output and "KeyboardInterrupt" not in output, output
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "said"),
+    [
+        ("RESPONSES_LEDGER_PORT", "80a", "RESPONSES_LEDGER_PORT='80a': takes a whole number"),
+        # a typo used to turn the switch off, silently
+        (
+            "RESPONSES_LEDGER_METRICS",
+            "ture",
+            "RESPONSES_LEDGER_METRICS='ture': takes true or false",
+        ),
+        ("RESPONSES_LEDGER_DRAIN_S", "5s", "RESPONSES_LEDGER_DRAIN_S='5s': takes a number"),
+        ("RESPONSES_LEDGER_EVENT_LOOP", "trio", "takes auto, uvloop or asyncio"),
+    ],
+)
+def test_a_setting_that_cannot_be_used_is_said_in_one_line_before_anything_starts(
+    tmp_path: Path, variable: str, value: str, said: str
+) -> None:
+    status, output = _refused(tmp_path, "setting", env={variable: value})
+    assert status == 2
+    lines = output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("responses-ledger: error: "), output
+    assert said in lines[0]
+    assert not (tmp_path / "setting.db").exists()  # nothing started: not even the migrations
+
+
+@pytest.mark.parametrize(
+    ("url", "said"),
+    [
+        ("mysql://app:sekret@db/ledger", "mysql://app:***@db/ledger: unsupported database 'mysql'"),
+        ("ledger.db", "ledger.db: Could not parse SQLAlchemy URL"),
+        ("sqlite+aiosqlite://", "sqlite+aiosqlite://: in-memory SQLite is not supported"),
+    ],
+)
+def test_a_database_url_the_server_cannot_use_is_refused_before_anything_starts(
+    tmp_path: Path, url: str, said: str
+) -> None:
+    status, output = _refused(tmp_path, "url", url)
+    assert status == 2
+    lines = output.strip().splitlines()
+    assert len(lines) == 1, output
+    assert lines[0].startswith(f"responses-ledger: error: DATABASE_URL (--database-url) {said}")
+    assert "sekret" not in output
+
+
+def test_a_database_that_is_not_there_is_said_in_the_drivers_words(tmp_path: Path) -> None:
+    url = "postgresql+asyncpg://postgres@127.0.0.1:5432/no_such_database_here"
+    status, output = _refused(tmp_path, "no-such", url)
+    assert status == 3
+    assert "Traceback" not in output, output
+    assert any(
+        f"cannot open the database {url}: InvalidCatalogNameError: "
+        'database \\"no_such_database_here\\" does not exist' in line
+        for line in _error_lines(output)
+    ), output
+
+
+def test_an_unreachable_database_is_named_in_one_line_with_its_password_hidden(
+    tmp_path: Path,
+) -> None:
+    port = free_port()  # nothing listens there
+    url = f"postgresql+asyncpg://postgres:sekret@127.0.0.1:{port}/test"
+    status, output = _refused(tmp_path, "no-database", url, log_level="info")
+    assert status == 3
+    assert "Traceback" not in output, output
+    errors = _error_lines(output)
+    assert any(
+        f"cannot open the database postgresql+asyncpg://postgres:***@127.0.0.1:{port}/test: "
+        in line
+        for line in errors
+    ), output
+    assert "sekret" not in output
+    assert "Application startup failed" in output  # uvicorn's own word follows it
+
+
+def test_frontends_over_an_unreachable_database_say_so_in_one_line(tmp_path: Path) -> None:
+    port = free_port()
+    url = f"postgresql+asyncpg://postgres@127.0.0.1:{port}/test"
+    status, output = _refused(tmp_path, "no-database-n", url, args=["--frontends", "2"])
+    assert status == 3
+    assert output.strip().startswith(
+        f"responses-ledger: error: cannot open the database {url}: "
+    ), output
+    assert "Traceback" not in output, output
+
+
+def test_a_sqlite_file_that_cannot_be_made_is_named_in_one_line(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    url = f"sqlite+aiosqlite:///{blocker / 'ledger.db'}"  # under a file: no directory to make it in
+    status, output = _refused(tmp_path, "no-file", url)
+    assert status == 3
+    assert "Traceback" not in output, output
+    assert any(f"cannot open the database {url}: " in line for line in _error_lines(output)), output
+
+
+@pytest.mark.parametrize(
+    ("engine_args", "said"),
+    [
+        (["--engine", "scripted"], "--engine scripted needs --script FILE"),
+        (["--engine", "scripted", "--script", "/nonexistent/turns.json"], "No such file"),
+    ],
+)
+def test_the_scripted_engine_without_a_usable_script_says_so_in_one_line(
+    tmp_path: Path, engine_args: list[str], said: str
+) -> None:
+    status, output = _refused(tmp_path, "no-script", engine_args=engine_args)
+    assert status == 3
+    assert "Traceback" not in output, output
+    assert any(said in line for line in _error_lines(output)), output
+
+
+def test_a_script_that_is_not_json_is_named(tmp_path: Path) -> None:
+    bad = tmp_path / "turns.json"
+    bad.write_text("{not json")
+    status, output = _refused(
+        tmp_path, "bad-script", engine_args=["--engine", "scripted", "--script", str(bad)]
+    )
+    assert status == 3
+    assert "Traceback" not in output, output
+    assert any(
+        f"the scripted engine's --script {bad}: Expecting property name" in line
+        for line in _error_lines(output)
+    ), output
