@@ -187,9 +187,11 @@ class Settings:
     #: A connection whose client reads nothing for this many seconds is closed.
     send_stall_s: float = 60.0
     #: The text of the tokens that wait for a commit is one delta (``domain.builder``'s
-    #: ``coalesce``); false (the default): a delta a token, whatever waits. Off by default: at
-    #: 256 paced streams on one core it costs more CPU a token than it saves (bench/RESULTS.md).
-    coalesce_deltas: bool = False
+    #: ``coalesce``); false: a delta a token, whatever waits. On by default since the thirtieth
+    #: session: unpaced, 2.4-2.7x the naive peer's tokens/s instead of 0.85-1.32, and at 256
+    #: paced streams no CPU a token more (bench/RESULTS.md, "deltas that follow the commits,
+    #: measured again").
+    coalesce_deltas: bool = True
     #: While paced responses generate, a burst of new responses' set-ups takes at most this
     #: share of the event loop's time, so the running streams' tokens do not wait for them
     #: (``app.turns``); 1: one set-up a turn of the loop, without pause.

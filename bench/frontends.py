@@ -43,7 +43,7 @@ from bench.harness import (
     _tree_cpu_s,
     commit_counts,
 )
-from bench.targets import LEDGER_MODEL, ledger_body, ledger_script
+from bench.targets import LEDGER_MODEL, LEDGER_WORD, ledger_body, ledger_script
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 HOST = "127.0.0.1"
@@ -156,6 +156,8 @@ def _run_one(args: argparse.Namespace, count: int, cores: int, workdir: Path) ->
                 sys.executable, "-m", "bench.loadgen", "--url", f"http://{HOST}:{port}/v1/responses",
                 "--concurrency", str(concurrency), "--streams-per-worker", str(per_worker),
                 "--body", body, "--max-seconds", str(args.max_run_seconds), "--out", str(out),
+                # a delta carries every token that waited for a commit: count the words
+                "--token-marker", LEDGER_WORD, "--expected-tokens", str(args.tokens),
             ]  # fmt: skip
             cpus = [loadgen_cpus[i]] if pinned else None
             loadgens.append((subprocess.Popen(_pinned(cpus, lg_argv), cwd=REPO_ROOT, env=env), out))
