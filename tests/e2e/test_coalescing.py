@@ -59,3 +59,25 @@ def test_a_fast_engines_waiting_tokens_are_one_delta_and_everything_agrees(
         stored = client.responses.retrieve(final.id)
         assert stored.output_text == WORDS and stored.status == final.status == "completed"
         assert [o.id for o in stored.output] == [o.id for o in final.output]
+
+
+def test_deltas_follow_the_commits_by_default(tmp_path: Path) -> None:
+    """The default since the thirtieth session (bench/RESULTS.md): a server made from the
+    environment alone coalesces; ``RESPONSES_LEDGER_COALESCE_DELTAS=false`` turns it off."""
+    assert Settings.from_env({}).coalesce_deltas is True
+    assert Settings.from_env({"RESPONSES_LEDGER_COALESCE_DELTAS": "false"}).coalesce_deltas is False
+    engine = ScriptedEngine(load_encoding(), [MODEL], {"turns": []})
+    settings = Settings.from_env(
+        {},
+        engine="scripted",
+        database_url=f"sqlite+aiosqlite:///{tmp_path / 'default.db'}",
+        served_model_names=(MODEL,),
+    )
+    with serve(settings, engine=engine) as running:
+        engine.add_turns({"completion": harmony(("final", WORDS))})
+        client = OpenAI(base_url=running.base_url + "/v1", api_key="none")
+        with client, client.responses.stream(model=MODEL, input="go") as stream:
+            deltas = [e.delta for e in stream if e.type == "response.output_text.delta"]
+            final = stream.get_final_response()
+    assert "".join(deltas) == final.output_text == WORDS
+    assert len(deltas) < final.usage.output_tokens / 4, (len(deltas), final.usage.output_tokens)
