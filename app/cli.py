@@ -20,7 +20,7 @@ import sys
 from typing import Any
 
 from app.engines.vllm import ENGINE_OPTION_NAMES, add_engine_arguments
-from app.settings import Settings, SettingsError
+from app.settings import ENGINES, Settings, SettingsError
 from app.startup import StartupError, check_database_url
 
 __all__ = ["main"]
@@ -34,7 +34,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--host")
     serve.add_argument("--port", type=int)
     serve.add_argument("--database-url", help="default sqlite+aiosqlite:///./data/responses.db")
-    serve.add_argument("--engine", choices=["echo", "scripted", "vllm"])
+    serve.add_argument("--engine", choices=ENGINES)
     serve.add_argument("--script", help="the scripted engine's JSON file")
     serve.add_argument("--commit-window-ms", type=float)
     serve.add_argument("--log-level")

@@ -70,6 +70,17 @@ def _gc_threshold(value: str) -> tuple[int, int, int] | None:
     return parts[0], parts[1], parts[2]
 
 
+#: ``Settings.engine``'s values (``app.main.build_engine``).
+ENGINES = ("echo", "scripted", "vllm")
+
+
+def _engine(value: str) -> str:
+    engine = value.strip().lower()
+    if engine not in ENGINES:
+        raise ValueError("takes echo, scripted or vllm")
+    return engine
+
+
 def _takeover(value: str) -> str:
     mode = value.strip().lower()
     if mode not in ("continue", "fail"):
@@ -250,7 +261,7 @@ class Settings:
             "RESPONSES_LEDGER_HOST": ("host", str),
             "RESPONSES_LEDGER_PORT": ("port", _int),
             "DATABASE_URL": ("database_url", str),
-            "RESPONSES_LEDGER_ENGINE": ("engine", str),
+            "RESPONSES_LEDGER_ENGINE": ("engine", _engine),
             "RESPONSES_LEDGER_SCRIPT": ("script", str),
             "RESPONSES_LEDGER_MODEL": ("model", str),
             "RESPONSES_LEDGER_SERVED_MODEL_NAME": ("served_model_names", _names),

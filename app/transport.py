@@ -815,9 +815,10 @@ def body_writer(scope: Any) -> Callable[[bytes], bool] | None:
 
 def run(app: Any, settings: Settings) -> None:
     """Serve until stopped (exit status 3 if the server did not start, as ``uvicorn.run``).
-    Stopped by SIGINT (Ctrl-C), it shuts down as on SIGTERM and returns: uvicorn raises the
-    signal again once it has shut down, which asyncio turns into a ``KeyboardInterrupt`` whose
-    traceback would follow "Finished server process" (``uvicorn.run`` swallows it too)."""
+    Stopped by SIGINT (Ctrl-C), it shuts down (uvicorn's shutdown, without the drain SIGTERM
+    starts) and returns: uvicorn raises the signal again once it has shut down, which asyncio
+    turns into a ``KeyboardInterrupt`` whose traceback would follow "Finished server process"
+    (``uvicorn.run`` swallows it too)."""
     the_server = server(app, settings, own_logging=True)
     with contextlib.suppress(KeyboardInterrupt):
         the_server.run()
