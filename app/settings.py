@@ -7,6 +7,7 @@ is called by the CLI (or a test) and the result is passed to ``create_app``.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -111,6 +112,41 @@ def _event_loop(value: str) -> str:
     if loop not in EVENT_LOOPS:
         raise ValueError("takes auto, uvloop or asyncio")
     return loop
+
+
+#: The numbers a setting may take, by field: (the least, whether it may equal it). Every number
+#: must also be finite. Checked for the environment and the command line alike (``from_env``).
+_LEAST: dict[str, tuple[float, bool]] = {
+    "port": (0, True),
+    "commit_window_ms": (0, True),
+    "store_retry_s": (0, True),
+    "statement_timeout_s": (0, False),
+    "repair_interval_s": (0, False),
+    "lease_s": (0, False),
+    "heartbeat_s": (0, False),
+    "drain_s": (0, True),
+    "max_body_bytes": (1, True),
+    "http_header_timeout_s": (0, False),
+    "http_keep_alive_s": (0, False),
+    "http_max_head_bytes": (1, True),
+    "http_max_connections": (0, True),
+    "send_buffer_bytes": (1, True),
+    "send_stall_s": (0, False),
+    "frontends": (1, True),
+    "key_cache_s": (0, True),
+}
+
+
+def _out_of_range(name: str, value: float) -> str | None:
+    """What is wrong with ``value`` for the field ``name`` (None: nothing)."""
+    least, inclusive = _LEAST[name]
+    if not math.isfinite(value):
+        return "takes a finite number"
+    if name == "port" and value > 65535:
+        return "takes a port number, 0 to 65535"
+    if value < least or (value == least and not inclusive):
+        return f"takes a number {'of at least' if inclusive else 'over'} {least:g}"
+    return None
 
 
 #: What ``responses-ledger serve`` sets unless told otherwise (see ``Settings.gc_threshold``).
@@ -311,4 +347,14 @@ class Settings:
                     raise SettingsError(f"{var}={value!r}: {exc}") from None
         settings = cls(**values)
         overrides = {k: v for k, v in overrides.items() if v is not None}
-        return replace(settings, **overrides) if overrides else settings
+        settings = replace(settings, **overrides) if overrides else settings
+        sources = {name: var for var, (name, _) in simple.items()}
+        for name in _LEAST:
+            value = getattr(settings, name)
+            wrong = _out_of_range(name, value)
+            if wrong is not None:
+                if name in overrides:
+                    raise SettingsError(f"--{name.replace('_', '-')} {value}: {wrong}")
+                var = sources[name]
+                raise SettingsError(f"{var}={env.get(var)!r}: {wrong}")
+        return settings

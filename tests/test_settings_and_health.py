@@ -100,3 +100,27 @@ def test_a_value_that_cannot_be_used_is_refused_naming_its_variable() -> None:
     # a switch takes either word of each pair, in any case; nothing else
     for word, meant in [("1", True), ("Yes", True), ("ON", True), ("0", False), ("no", False)]:
         assert Settings.from_env({"RESPONSES_LEDGER_METRICS": word}).metrics is meant
+
+
+def test_a_number_out_of_its_range_is_refused_from_the_environment_or_the_command_line() -> None:
+    for variable, value, said in [
+        ("RESPONSES_LEDGER_LEASE_S", "-1", "takes a number over 0"),
+        ("RESPONSES_LEDGER_HEARTBEAT_S", "0", "takes a number over 0"),
+        ("RESPONSES_LEDGER_STATEMENT_TIMEOUT_S", "nan", "takes a finite number"),
+        ("RESPONSES_LEDGER_DRAIN_S", "inf", "takes a finite number"),
+        ("RESPONSES_LEDGER_PORT", "70000", "takes a port number, 0 to 65535"),
+        ("RESPONSES_LEDGER_FRONTENDS", "0", "takes a number of at least 1"),
+        ("RESPONSES_LEDGER_SEND_BUFFER_BYTES", "0", "takes a number of at least 1"),
+        ("RESPONSES_LEDGER_COMMIT_WINDOW_MS", "-0.5", "takes a number of at least 0"),
+    ]:
+        with pytest.raises(SettingsError) as refused:
+            Settings.from_env({variable: value})
+        assert str(refused.value) == f"{variable}={value!r}: {said}"
+    with pytest.raises(SettingsError) as refused:
+        Settings.from_env({}, port=-5)  # (the command line's --port)
+    assert str(refused.value) == "--port -5: takes a number of at least 0"
+    # the bounds themselves, where a setting may take them
+    edge = Settings.from_env(
+        {"RESPONSES_LEDGER_DRAIN_S": "0", "RESPONSES_LEDGER_HTTP_MAX_CONNECTIONS": "0"}, port=0
+    )
+    assert (edge.drain_s, edge.http_max_connections, edge.port) == (0.0, 0, 0)

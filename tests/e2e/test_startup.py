@@ -67,6 +67,7 @@ def test_ctrl_c_stops_the_server_without_a_traceback(tmp_path: Path) -> None:
         ("RESPONSES_LEDGER_DRAIN_S", "5s", "RESPONSES_LEDGER_DRAIN_S='5s': takes a number"),
         ("RESPONSES_LEDGER_EVENT_LOOP", "trio", "takes auto, uvloop or asyncio"),
         ("RESPONSES_LEDGER_ENGINE", "vLLM-0.11", "takes echo, scripted or vllm"),
+        ("RESPONSES_LEDGER_LEASE_S", "-3", "RESPONSES_LEDGER_LEASE_S='-3': takes a number over 0"),
     ],
 )
 def test_a_setting_that_cannot_be_used_is_said_in_one_line_before_anything_starts(
