@@ -37,6 +37,7 @@ import asyncpg
 
 from app import item_refs
 from app.ids import new_id
+from bench.stats import percentile
 from domain.builder import ResponseBuilder, Usage
 from domain.projections import payload, payload_json
 from persistence.conversations import ConversationRow
@@ -101,7 +102,7 @@ async def _timings(fn: Callable[[], Awaitable[Any]], runs: int = 500) -> tuple[f
         await fn()
         times.append((time.perf_counter() - start) * 1000)
     times.sort()
-    return statistics.median(times), times[int(len(times) * 0.99) - 1]
+    return statistics.median(times), percentile(times, 0.99)
 
 
 async def measure(url: str, responses: int) -> dict[str, tuple[float, float]]:

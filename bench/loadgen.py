@@ -63,6 +63,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from bench import token_times
+from bench.stats import percentile
 
 __all__ = ["LoadConfig", "StreamReader", "main", "run_load"]
 
@@ -437,20 +438,13 @@ async def _connect(host: str, port: int) -> _Connection:
     return conn
 
 
-def _percentile(sorted_values: list[int] | array, q: float) -> float:
-    if not sorted_values:
-        return float("nan")
-    i = min(len(sorted_values) - 1, max(0, round(q * (len(sorted_values) - 1))))
-    return float(sorted_values[i])
-
-
 def _summary_ms(values_ns: array) -> dict[str, float | int]:
-    ordered = sorted(values_ns)
+    ordered = sorted(values_ns)  # (sorted again by ``percentile``: in linear time, being sorted)
     return {
         "n": len(ordered),
-        "p50": _percentile(ordered, 0.50) / 1e6,
-        "p90": _percentile(ordered, 0.90) / 1e6,
-        "p99": _percentile(ordered, 0.99) / 1e6,
+        "p50": percentile(ordered, 0.50) / 1e6,
+        "p90": percentile(ordered, 0.90) / 1e6,
+        "p99": percentile(ordered, 0.99) / 1e6,
         "max": (ordered[-1] / 1e6) if ordered else float("nan"),
     }
 

@@ -41,6 +41,7 @@ import prometheus_client
 from app.live import Batch, LogWriter, Run
 from app.metrics import Histogram, Metrics
 from bench.reads import _store_response
+from bench.stats import percentile
 from domain.events import OutputTextDelta
 from persistence.records import StoredEvent
 from persistence.sql import open_store
@@ -230,7 +231,7 @@ async def scrape(responses: int, scrapes: int) -> dict[str, float]:
         "stored": responses,
         "fill_s": fill_s,
         "scrape_p50_ms": statistics.median(times),
-        "scrape_p99_ms": times[min(len(times) - 1, int(len(times) * 0.99))],
+        "scrape_p99_ms": percentile(times, 0.99),
         "bytes": size,
         "health_p50_ms": statistics.median(health),
     }

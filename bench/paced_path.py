@@ -52,6 +52,7 @@ from app.leases import new_replica
 from app.live import LogWriter, Run
 from app.main import tune_gc
 from app.settings import SERVE_GC_THRESHOLD
+from bench.stats import percentile
 from domain.builder import ResponseBuilder, Usage
 from domain.decoder import HarmonyDecoder
 from domain.events import Event
@@ -190,8 +191,8 @@ async def _one_run(
         "cpu": cpu / wall,
         "commits": commits,
         "events_per_commit": events / max(commits, 1),
-        "lag_p50_ms": lags[len(lags) // 2] * 1000,
-        "lag_p99_ms": lags[int(len(lags) * 0.99)] * 1000,
+        "lag_p50_ms": percentile(lags, 0.5) * 1000,
+        "lag_p99_ms": percentile(lags, 0.99) * 1000,
         "bytes": written[0],
         "tokens": pushed,
         "events": events,

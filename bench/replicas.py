@@ -52,6 +52,7 @@ from pathlib import Path
 
 import httpx
 
+from bench.stats import percentile
 from tests.support import haproxy
 from tests.support.postgres import unavailable as pg_unavailable
 from tests.support.replicas import (
@@ -70,15 +71,10 @@ NAMES = ("kill", "freeze", "lag", "rolling", "cancel")
 Row = tuple[str, str]  # (figure, value)
 
 
-def _q(values: Sequence[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
 def _ms(values: Sequence[float]) -> str:
     if not values:
         return "n/a"
-    return f"p50 {_q(values, 0.5) * 1e3:.0f} / p99 {_q(values, 0.99) * 1e3:.0f} / max {max(values) * 1e3:.0f} ms"
+    return f"p50 {percentile(values, 0.5) * 1e3:.0f} / p99 {percentile(values, 0.99) * 1e3:.0f} / max {max(values) * 1e3:.0f} ms"
 
 
 def _s(values: Sequence[float]) -> str:

@@ -36,6 +36,7 @@ import asyncpg
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.stats import percentile
 from persistence.records import NewResponse, StoredEvent
 from persistence.sql import SqlStore, open_store
 
@@ -53,7 +54,7 @@ class Result:
     def report(self) -> str:
         lat = sorted(self.latencies)
         p50 = statistics.median(lat) * 1000
-        p99 = lat[int(len(lat) * 0.99) - 1] * 1000
+        p99 = percentile(lat, 0.99) * 1000
         return (
             f"{self.label:<28} {self.events / self.seconds:>10,.0f} events/s  "
             f"{self.events / self.transactions:>6.1f} events/txn  "
