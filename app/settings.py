@@ -71,22 +71,16 @@ def _gc_threshold(value: str) -> tuple[int, int, int] | None:
     return parts[0], parts[1], parts[2]
 
 
-#: ``Settings.engine``'s values (``app.main.build_engine``).
-ENGINES = ("echo", "scripted", "vllm")
+def _one_of(*choices: str) -> Callable[[str], str]:
+    """A converter to one of ``choices`` (any case, spaces around ignored)."""
 
+    def convert(value: str) -> str:
+        word = value.strip().lower()
+        if word not in choices:
+            raise ValueError(f"takes {', '.join(choices[:-1])} or {choices[-1]}")
+        return word
 
-def _engine(value: str) -> str:
-    engine = value.strip().lower()
-    if engine not in ENGINES:
-        raise ValueError("takes echo, scripted or vllm")
-    return engine
-
-
-def _takeover(value: str) -> str:
-    mode = value.strip().lower()
-    if mode not in ("continue", "fail"):
-        raise ValueError("takes continue or fail")
-    return mode
+    return convert
 
 
 def _setup_share(value: str) -> float:
@@ -96,22 +90,15 @@ def _setup_share(value: str) -> float:
     return share
 
 
-def _log_format(value: str) -> str:
-    fmt = value.strip().lower()
-    if fmt not in ("json", "text"):
-        raise ValueError("takes json or text")
-    return fmt
-
-
+#: ``Settings.engine``'s values (``app.main.build_engine``).
+ENGINES = ("echo", "scripted", "vllm")
 #: ``Settings.event_loop``'s values (``app.transport.loop_name`` resolves them).
 EVENT_LOOPS = ("auto", "uvloop", "asyncio")
 
-
-def _event_loop(value: str) -> str:
-    loop = value.strip().lower()
-    if loop not in EVENT_LOOPS:
-        raise ValueError("takes auto, uvloop or asyncio")
-    return loop
+_engine = _one_of(*ENGINES)
+_event_loop = _one_of(*EVENT_LOOPS)
+_takeover = _one_of("continue", "fail")
+_log_format = _one_of("json", "text")
 
 
 #: The numbers a setting may take, by field: (the least, whether it may equal it). Every number

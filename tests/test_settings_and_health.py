@@ -86,24 +86,16 @@ def test_serve_tunes_the_gc_once_started(tmp_path: Path) -> None:
         gc.set_threshold(*before)
 
 
-def test_a_value_that_cannot_be_used_is_refused_naming_its_variable() -> None:
-    for variable, value, said in [
+@pytest.mark.parametrize(
+    ("variable", "value", "said"),
+    [
         ("RESPONSES_LEDGER_PORT", "8o00", "takes a whole number"),
         ("RESPONSES_LEDGER_LEASE_S", "3 s", "takes a number"),
-        ("RESPONSES_LEDGER_RECOVER_ON_START", "flase", "takes true or false"),
-        ("RESPONSES_LEDGER_GC_THRESHOLD", "a,b,c", "takes gen0,gen1,gen2"),
+        ("RESPONSES_LEDGER_RECOVER_ON_START", "flase", "takes true or false (1/0, yes/no, on/off)"),
+        ("RESPONSES_LEDGER_GC_THRESHOLD", "a,b,c", "takes gen0,gen1,gen2 (three whole numbers of at least 1) or python"),
         ("RESPONSES_LEDGER_TAKEOVER", "resume", "takes continue or fail"),
-    ]:
-        with pytest.raises(SettingsError) as refused:
-            Settings.from_env({variable: value})
-        assert str(refused.value).startswith(f"{variable}={value!r}: {said}")
-    # a switch takes either word of each pair, in any case; nothing else
-    for word, meant in [("1", True), ("Yes", True), ("ON", True), ("0", False), ("no", False)]:
-        assert Settings.from_env({"RESPONSES_LEDGER_METRICS": word}).metrics is meant
-
-
-def test_a_number_out_of_its_range_is_refused_from_the_environment_or_the_command_line() -> None:
-    for variable, value, said in [
+        ("RESPONSES_LEDGER_ENGINE", "llama.cpp", "takes echo, scripted or vllm"),
+        # numbers out of their range
         ("RESPONSES_LEDGER_LEASE_S", "-1", "takes a number over 0"),
         ("RESPONSES_LEDGER_HEARTBEAT_S", "0", "takes a number over 0"),
         ("RESPONSES_LEDGER_STATEMENT_TIMEOUT_S", "nan", "takes a finite number"),
@@ -112,10 +104,20 @@ def test_a_number_out_of_its_range_is_refused_from_the_environment_or_the_comman
         ("RESPONSES_LEDGER_FRONTENDS", "0", "takes a number of at least 1"),
         ("RESPONSES_LEDGER_SEND_BUFFER_BYTES", "0", "takes a number of at least 1"),
         ("RESPONSES_LEDGER_COMMIT_WINDOW_MS", "-0.5", "takes a number of at least 0"),
-    ]:
-        with pytest.raises(SettingsError) as refused:
-            Settings.from_env({variable: value})
-        assert str(refused.value) == f"{variable}={value!r}: {said}"
+    ],
+)  # fmt: skip
+def test_a_value_that_cannot_be_used_is_refused_naming_its_variable(
+    variable: str, value: str, said: str
+) -> None:
+    with pytest.raises(SettingsError) as refused:
+        Settings.from_env({variable: value})
+    assert str(refused.value) == f"{variable}={value!r}: {said}"
+
+
+def test_what_the_settings_take_at_their_edges() -> None:
+    # a switch takes either word of each pair, in any case; nothing else (above)
+    for word, meant in [("1", True), ("Yes", True), ("ON", True), ("0", False), ("no", False)]:
+        assert Settings.from_env({"RESPONSES_LEDGER_METRICS": word}).metrics is meant
     with pytest.raises(SettingsError) as refused:
         Settings.from_env({}, port=-5)  # (the command line's --port)
     assert str(refused.value) == "--port -5: takes a number of at least 0"
