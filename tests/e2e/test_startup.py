@@ -2,8 +2,9 @@
 
 A setting that cannot be used is said in one line before anything starts (exit status 2); a
 server that cannot start for a reason its operator can act on says that reason in one line,
-without a traceback (status 3, as before); Ctrl-C stops a server as SIGTERM does, and it exits
-0 without the ``KeyboardInterrupt`` traceback that followed "Finished server process". Each
+without a traceback (status 3, as before); Ctrl-C stops a server (uvicorn's shutdown, without
+SIGTERM's drain) and it exits 0, without the ``KeyboardInterrupt`` traceback that followed
+"Finished server process". Each
 test starts a real server process (``app.startup``, ``app.settings``, ``app.transport.run``).
 """
 
