@@ -344,4 +344,12 @@ class Settings:
                     raise SettingsError(f"--{name.replace('_', '-')} {value}: {wrong}")
                 var = sources[name]
                 raise SettingsError(f"{var}={env.get(var)!r}: {wrong}")
+        if settings.heartbeat_s >= settings.lease_s:
+            # its lease would lapse between two heartbeats: the other replicas would take its
+            # live responses over while it still generates them
+            raise SettingsError(
+                f"RESPONSES_LEDGER_HEARTBEAT_S ({settings.heartbeat_s:g} s) must be shorter than"
+                f" RESPONSES_LEDGER_LEASE_S ({settings.lease_s:g} s; a third of it or less is"
+                " usual): a lease that lapses between heartbeats hands live responses over"
+            )
         return settings

@@ -126,3 +126,16 @@ def test_what_the_settings_take_at_their_edges() -> None:
         {"RESPONSES_LEDGER_DRAIN_S": "0", "RESPONSES_LEDGER_HTTP_MAX_CONNECTIONS": "0"}, port=0
     )
     assert (edge.drain_s, edge.http_max_connections, edge.port) == (0.0, 0, 0)
+
+
+def test_a_heartbeat_no_shorter_than_the_lease_is_refused() -> None:
+    with pytest.raises(
+        SettingsError, match=r"HEARTBEAT_S \(1 s\) must be shorter than .*LEASE_S \(1 s"
+    ):
+        Settings.from_env({"RESPONSES_LEDGER_LEASE_S": "1"})  # the heartbeat's default is 1 s
+    with pytest.raises(SettingsError, match="must be shorter than"):
+        Settings.from_env({"RESPONSES_LEDGER_LEASE_S": "2", "RESPONSES_LEDGER_HEARTBEAT_S": "2.5"})
+    fast = Settings.from_env(
+        {"RESPONSES_LEDGER_LEASE_S": "1", "RESPONSES_LEDGER_HEARTBEAT_S": "0.25"}
+    )
+    assert (fast.lease_s, fast.heartbeat_s) == (1.0, 0.25)
