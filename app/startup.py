@@ -15,13 +15,13 @@ Settings that cannot be used are refused earlier, before anything starts (``Sett
 from __future__ import annotations
 
 import sys
-from typing import Any
 
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
 from starlette.types import Message, Send
 
 from app.settings import SettingsError
+from persistence.health import describe
 
 __all__ = [
     "DATABASE_ERRORS",
@@ -59,7 +59,7 @@ def reported_in_one_line(send: Send) -> Send:
 def database_unreachable(url: str, exc: BaseException) -> StartupError:
     """The start-up error of a database that cannot be opened: where (its password hidden) and
     what the driver said."""
-    return StartupError(f"cannot open the database {_shown(url)}: {_reason(exc)}")
+    return StartupError(f"cannot open the database {_shown(url)}: {describe(exc)}")
 
 
 def check_database_url(url: str) -> None:
@@ -76,16 +76,5 @@ def check_database_url(url: str) -> None:
 def _shown(url: str) -> str:
     try:
         return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # (not a URL SQLAlchemy can read: said as given, nothing to hide in it)
+    except ArgumentError:  # (not a URL SQLAlchemy can read: said as given, nothing to hide in it)
         return url
-
-
-def _reason(exc: BaseException) -> str:
-    # SQLAlchemy wraps the driver's error (``.orig``), and its async adapters asyncpg's (its
-    # ``__cause__``): say the driver's own words, in one line
-    cause: Any = getattr(exc, "orig", None) or exc
-    if cause is not exc and cause.__cause__ is not None:
-        cause = cause.__cause__
-    text = str(cause).strip().splitlines()
-    words = text[0] if text else ""
-    return f"{type(cause).__name__}: {words}" if words else type(cause).__name__

@@ -81,8 +81,13 @@ def _unavailable_here(exc: BaseException) -> bool:
 
 
 def describe(exc: BaseException) -> str:
-    """One line for an operator: the driver's own message, without SQLAlchemy's boilerplate."""
+    """One line for an operator: the driver's own message, without SQLAlchemy's boilerplate.
+    SQLAlchemy wraps the driver's error (``orig``), and its asyncpg adapter wraps asyncpg's once
+    more (raised ``from`` it): asyncpg's own is named (``InvalidCatalogNameError: database "x"
+    does not exist``, not the adapter's ``Error``)."""
     orig = getattr(exc, "orig", None) or exc
+    if orig is not exc and orig.__cause__ is not None:
+        orig = orig.__cause__
     text = str(orig).strip().splitlines()[0] if str(orig).strip() else ""
     if not text and isinstance(orig, TimeoutError):
         text = "the database did not answer in time"

@@ -8,7 +8,7 @@ import asyncpg
 import pytest
 from sqlalchemy import exc as sa_exc
 
-from persistence.health import is_unavailable
+from persistence.health import describe, is_unavailable
 
 
 def _wrapped(orig: BaseException) -> sa_exc.DBAPIError:
@@ -56,3 +56,32 @@ def test_refused_data_and_bugs_are_not_unavailable(exc: BaseException) -> None:
 def test_the_driver_error_under_sqlalchemys_wrapping_decides() -> None:
     assert is_unavailable(_wrapped(asyncpg.exceptions.AdminShutdownError("shutting down")))
     assert not is_unavailable(_wrapped(asyncpg.exceptions.UniqueViolationError("duplicate")))
+
+
+async def test_describe_names_the_drivers_own_error_through_sqlalchemys_asyncpg_adapter() -> None:
+    """SQLAlchemy's asyncpg adapter raises its own ``Error`` from asyncpg's; an operator reads
+    asyncpg's name (``/health``'s reason, the logs, a server that cannot start)."""
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    from tests.support.postgres import ADMIN_DSN
+    from tests.support.postgres import unavailable as pg_unavailable
+
+    reason = await pg_unavailable()
+    if reason is not None:
+        pytest.skip(reason)
+    base = ADMIN_DSN.rsplit("/", 1)[0].split("://", 1)[1]
+    engine = create_async_engine(f"postgresql+asyncpg://{base}/no_such_database_for_describe")
+    try:
+        with pytest.raises(sa_exc.DBAPIError) as raised:
+            async with engine.connect():
+                pass
+    finally:
+        await engine.dispose()
+    assert type(raised.value.orig).__name__ == "Error"  # the adapter's, raised from asyncpg's
+    assert describe(raised.value) == (
+        'InvalidCatalogNameError: database "no_such_database_for_describe" does not exist'
+    )
+    # an error with no driver beneath it keeps its own name
+    assert describe(sqlite3.OperationalError("database is locked")) == (
+        "OperationalError: database is locked"
+    )
