@@ -190,12 +190,9 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         return _run(args)
-    except SettingsError as exc:
+    except (SettingsError, StartupError) as exc:
         print(f"responses-ledger: error: {exc}", file=sys.stderr)
-        return 2
-    except StartupError as exc:
-        print(f"responses-ledger: error: {exc}", file=sys.stderr)
-        return 3
+        return 2 if isinstance(exc, SettingsError) else 3
 
 
 def _run(args: argparse.Namespace) -> int:

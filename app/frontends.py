@@ -115,8 +115,6 @@ class ReplicaHeader:
 
 
 def _refusal(settings: Settings) -> str | None:
-    if settings.frontends < 1:
-        return f"--frontends {settings.frontends}: give 1 or more"
     if settings.frontends > 1 and not settings.database_url.startswith("postgresql"):
         return (
             f"--frontends {settings.frontends} needs PostgreSQL: every frontend is a replica, and "

@@ -321,8 +321,8 @@ class Settings:
             "RESPONSES_LEDGER_KEY_CACHE_S": ("key_cache_s", _float),
             "RESPONSES_LEDGER_ALLOWED_HOSTS": ("allowed_hosts", _names),
             "RESPONSES_LEDGER_CORS_ORIGINS": ("cors_origins", _names),
+            "RESPONSES_LEDGER_GC_THRESHOLD": ("gc_threshold", _gc_threshold),
         }
-        simple["RESPONSES_LEDGER_GC_THRESHOLD"] = ("gc_threshold", _gc_threshold)
         if serving:
             values["gc_threshold"] = SERVE_GC_THRESHOLD
         for var, (name, convert) in simple.items():
