@@ -44,7 +44,7 @@ from typing import Any
 
 from bench.kept import show_dir
 from bench.profiled import run_wrapped
-from bench.stats import percentile
+from bench.stats import percentile, percentiles
 
 __all__ = ["Record", "install", "load_dir", "main", "render"]
 
@@ -194,8 +194,8 @@ def render(runs: Sequence[Run]) -> str:
         span = max(1, run.stopped_ns - run.started_ns)
         busy = [b / 1e6 for _, _, b in run.turns]
         walls = [w / 1e6 for _, w in run.commits]
-        busy_p50, busy_p90, busy_max = (percentile(busy, q) for q in (0.5, 0.9, 1))
-        wall_p50, wall_p90, wall_max = (percentile(walls, q) for q in (0.5, 0.9, 1))
+        busy_p50, busy_p90, busy_max = percentiles(busy, 0.5, 0.9, 1)
+        wall_p50, wall_p90, wall_max = percentiles(walls, 0.5, 0.9, 1)
         order = sorted(range(len(walls)), key=walls.__getitem__)
         slow = order[int(0.9 * len(order)) :]
         mid = order[len(order) // 2 : len(order) // 2 + 1]
