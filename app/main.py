@@ -79,12 +79,15 @@ def build_engine(settings: Settings, engine_core: Mapping[str, Any] | None = Non
     if settings.engine == "vllm":
         from app.engines.vllm import VllmEngine, engine_config_from
 
-        config = engine_config_from(
-            None,
-            model=settings.model,
-            served_model_names=settings.served_model_names or None,
-            **settings.engine_options,
-        )
+        try:
+            config = engine_config_from(
+                None,
+                model=settings.model,
+                served_model_names=settings.served_model_names or None,
+                **settings.engine_options,
+            )
+        except ValueError as exc:  # a RESPONSES_LEDGER_VLLM_* variable that does not parse
+            raise StartupError(str(exc)) from None
         return VllmEngine(
             dataclasses.replace(config, prometheus=settings.metrics), core=engine_core
         )

@@ -7,12 +7,18 @@ is called by the CLI (or a test) and the result is passed to ``create_app``.
 
 from __future__ import annotations
 
+import base64
+import binascii
+import ipaddress
 import math
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from app.contract import EFFORTS
+from app.logs import LEVELS
 from app.turns import SETUP_SHARE
 
 __all__ = ["Settings", "SettingsError"]
@@ -99,6 +105,64 @@ _engine = _one_of(*ENGINES)
 _event_loop = _one_of(*EVENT_LOOPS)
 _takeover = _one_of("continue", "fail")
 _log_format = _one_of("json", "text")
+_log_level = _one_of(*LEVELS)
+_http_implementation = _one_of("auto", "h11", "httptools")
+#: (a request without ``reasoning.effort`` takes it: a value no request could send would fail
+#: every such request with a 400 about a parameter its client never sent)
+_effort = _one_of(*EFFORTS)
+
+
+def _reasoning_key(value: str) -> str:
+    try:
+        key = base64.b64decode(value.strip(), validate=True)
+    except (binascii.Error, ValueError):
+        key = b""
+    if len(key) != 32:
+        raise ValueError("takes 32 bytes in base64 (openssl rand -base64 32)")
+    return value.strip()
+
+
+def _hosts(value: str) -> tuple[str, ...]:
+    """Host names as ``app.browser`` compares them with a Host header's: without a scheme or a
+    port, in lower case, an IPv6 address without its brackets."""
+    hosts = []
+    for name in _names(value):
+        host = name.lower()
+        if host.startswith("[") and host.endswith("]"):
+            host = host[1:-1]
+        if host != "*" and (
+            not host or re.search(r"[/\s@?#]", host) or (":" in host and not _is_ipv6(host))
+        ):
+            raise ValueError(
+                f"takes host names without a scheme or a port (example.com, 10.0.0.5, ::1) or *;"
+                f" {name!r} is not one"
+            )
+        hosts.append(host)
+    return tuple(hosts)
+
+
+def _is_ipv6(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).version == 6
+    except ValueError:
+        return False
+
+
+#: An origin as a browser sends it: scheme://host[:port], no path (RFC 6454).
+_ORIGIN = re.compile(r"[a-z][a-z0-9+.-]*://[^/?#@\s]+")
+
+
+def _origins(value: str) -> tuple[str, ...]:
+    origins = []
+    for name in _names(value):
+        origin = name.lower()
+        if origin != "*" and not _ORIGIN.fullmatch(origin):
+            raise ValueError(
+                "takes origins as a browser sends them, scheme://host[:port] without a path"
+                f" (https://app.example.com), or *; {name!r} is not one"
+            )
+        origins.append(origin)
+    return tuple(origins)
 
 
 #: The numbers a setting may take, by field: (the least, whether it may equal it). Every number
@@ -144,10 +208,12 @@ def _aliases(value: str) -> dict[str, str]:
     """``alias=model,alias2=model`` -> {alias: model}."""
     out: dict[str, str] = {}
     for pair in _names(value):
-        alias, _, target = pair.partition("=")
-        if not target:
+        alias, _, target = (part.strip() for part in pair.partition("="))
+        if not alias or not target:
             raise ValueError(f"takes alias=model pairs, and {pair!r} is not one")
-        out[alias.strip()] = target.strip()
+        if alias in out:
+            raise ValueError(f"names the alias {alias!r} twice")
+        out[alias] = target
     return out
 
 
@@ -290,9 +356,9 @@ class Settings:
             "RESPONSES_LEDGER_SERVED_MODEL_NAME": ("served_model_names", _names),
             "RESPONSES_LEDGER_MODEL_ALIASES": ("model_aliases", _aliases),
             "RESPONSES_LEDGER_COMMIT_WINDOW_MS": ("commit_window_ms", _float),
-            "RESPONSES_LEDGER_REASONING_KEY": ("reasoning_key", str),
+            "RESPONSES_LEDGER_REASONING_KEY": ("reasoning_key", _reasoning_key),
             "RESPONSES_LEDGER_RECOVER_ON_START": ("recover_on_start", _bool),
-            "RESPONSES_LEDGER_DEFAULT_REASONING_EFFORT": ("default_reasoning_effort", str),
+            "RESPONSES_LEDGER_DEFAULT_REASONING_EFFORT": ("default_reasoning_effort", _effort),
             "RESPONSES_LEDGER_MAX_BODY_BYTES": ("max_body_bytes", _int),
             "RESPONSES_LEDGER_STORE_RETRY_S": ("store_retry_s", _float),
             "RESPONSES_LEDGER_STATEMENT_TIMEOUT_S": ("statement_timeout_s", _float),
@@ -305,13 +371,13 @@ class Settings:
             "RESPONSES_LEDGER_HTTP_KEEP_ALIVE_S": ("http_keep_alive_s", _float),
             "RESPONSES_LEDGER_HTTP_MAX_HEAD_BYTES": ("http_max_head_bytes", _int),
             "RESPONSES_LEDGER_HTTP_MAX_CONNECTIONS": ("http_max_connections", _int),
-            "RESPONSES_LEDGER_HTTP_IMPLEMENTATION": ("http_implementation", str),
+            "RESPONSES_LEDGER_HTTP_IMPLEMENTATION": ("http_implementation", _http_implementation),
             "RESPONSES_LEDGER_EVENT_LOOP": ("event_loop", _event_loop),
             "RESPONSES_LEDGER_SEND_BUFFER_BYTES": ("send_buffer_bytes", _int),
             "RESPONSES_LEDGER_SEND_STALL_S": ("send_stall_s", _float),
             "RESPONSES_LEDGER_COALESCE_DELTAS": ("coalesce_deltas", _bool),
             "RESPONSES_LEDGER_SETUP_SHARE": ("setup_share", _setup_share),
-            "RESPONSES_LEDGER_LOG_LEVEL": ("log_level", str),
+            "RESPONSES_LEDGER_LOG_LEVEL": ("log_level", _log_level),
             "RESPONSES_LEDGER_LOG_FORMAT": ("log_format", _log_format),
             "RESPONSES_LEDGER_METRICS": ("metrics", _bool),
             "RESPONSES_LEDGER_FRONTENDS": ("frontends", _int),
@@ -319,21 +385,29 @@ class Settings:
             "RESPONSES_LEDGER_REQUIRE_API_KEY": ("require_api_key", _bool),
             "RESPONSES_LEDGER_RUN_OPEN": ("run_open", _bool),
             "RESPONSES_LEDGER_KEY_CACHE_S": ("key_cache_s", _float),
-            "RESPONSES_LEDGER_ALLOWED_HOSTS": ("allowed_hosts", _names),
-            "RESPONSES_LEDGER_CORS_ORIGINS": ("cors_origins", _names),
+            "RESPONSES_LEDGER_ALLOWED_HOSTS": ("allowed_hosts", _hosts),
+            "RESPONSES_LEDGER_CORS_ORIGINS": ("cors_origins", _origins),
             "RESPONSES_LEDGER_GC_THRESHOLD": ("gc_threshold", _gc_threshold),
         }
         if serving:
             values["gc_threshold"] = SERVE_GC_THRESHOLD
+        overrides = {k: v for k, v in overrides.items() if v is not None}
+        converters = {name: convert for name, convert in simple.values()}
+        for name, value in overrides.items():  # the command line's words, as the variables' are
+            convert = converters.get(name)
+            if convert is not None and isinstance(value, str):
+                try:
+                    overrides[name] = convert(value)
+                except ValueError as exc:
+                    raise SettingsError(f"--{name.replace('_', '-')} {value}: {exc}") from None
         for var, (name, convert) in simple.items():
             value = env.get(var)
-            if value:
+            if value and name not in overrides:  # (the command line's value stands instead)
                 try:
                     values[name] = convert(value)
                 except ValueError as exc:
                     raise SettingsError(f"{var}={value!r}: {exc}") from None
         settings = cls(**values)
-        overrides = {k: v for k, v in overrides.items() if v is not None}
         settings = replace(settings, **overrides) if overrides else settings
         sources = {name: var for var, (name, _) in simple.items()}
         for name in _LEAST:
@@ -352,4 +426,20 @@ class Settings:
                 f" RESPONSES_LEDGER_LEASE_S ({settings.lease_s:g} s; a third of it or less is"
                 " usual): a lease that lapses between heartbeats hands live responses over"
             )
+        if settings.engine == "vllm" and not settings.model:
+            raise SettingsError(
+                "the vllm engine needs a model: --model PATH_OR_NAME (or RESPONSES_LEDGER_MODEL)"
+            )
+        served = settings.model_names
+        for alias, target in settings.model_aliases.items():
+            if alias in served or target not in served:
+                raise SettingsError(
+                    f"RESPONSES_LEDGER_MODEL_ALIASES={env.get('RESPONSES_LEDGER_MODEL_ALIASES')!r}:"
+                    f" {alias}={target} "
+                    + (
+                        "is a served model's own name"
+                        if alias in served
+                        else f"names no served model (this server serves {', '.join(served)})"
+                    )
+                )
         return settings

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import gc
 from pathlib import Path
 
@@ -10,7 +11,9 @@ import pytest
 
 from app.encoding import load_encoding
 from app.engines.echo import EchoEngine
+from app.main import build_engine
 from app.settings import SERVE_GC_THRESHOLD, Settings, SettingsError
+from app.startup import StartupError
 from tests.support.server import serve
 
 
@@ -95,6 +98,20 @@ def test_serve_tunes_the_gc_once_started(tmp_path: Path) -> None:
         ("RESPONSES_LEDGER_GC_THRESHOLD", "a,b,c", "takes gen0,gen1,gen2 (three whole numbers of at least 1) or python"),
         ("RESPONSES_LEDGER_TAKEOVER", "resume", "takes continue or fail"),
         ("RESPONSES_LEDGER_ENGINE", "llama.cpp", "takes echo, scripted or vllm"),
+        # words no part of the server could use: each had been taken, and failed later
+        # (every request without an effort answered 400 about one it never sent; a traceback at
+        # start; a browser's or a Host header's name that could never match, refusing them all)
+        ("RESPONSES_LEDGER_DEFAULT_REASONING_EFFORT", "extreme", "takes none, minimal, low, medium, high, xhigh or max"),
+        ("RESPONSES_LEDGER_LOG_LEVEL", "verbose", "takes critical, error, warning, info, debug or trace"),
+        ("RESPONSES_LEDGER_HTTP_IMPLEMENTATION", "uvloop", "takes auto, h11 or httptools"),
+        ("RESPONSES_LEDGER_REASONING_KEY", "abc", "takes 32 bytes in base64 (openssl rand -base64 32)"),
+        ("RESPONSES_LEDGER_REASONING_KEY", "c2hvcnQ=", "takes 32 bytes in base64 (openssl rand -base64 32)"),
+        ("RESPONSES_LEDGER_ALLOWED_HOSTS", "ledger.internal, http://ledger.internal", "takes host names without a scheme or a port (example.com, 10.0.0.5, ::1) or *; 'http://ledger.internal' is not one"),
+        ("RESPONSES_LEDGER_ALLOWED_HOSTS", "ledger.internal:8000", "takes host names without a scheme or a port (example.com, 10.0.0.5, ::1) or *; 'ledger.internal:8000' is not one"),
+        ("RESPONSES_LEDGER_CORS_ORIGINS", "app.example", "takes origins as a browser sends them, scheme://host[:port] without a path (https://app.example.com), or *; 'app.example' is not one"),
+        ("RESPONSES_LEDGER_CORS_ORIGINS", "https://app.example/", "takes origins as a browser sends them, scheme://host[:port] without a path (https://app.example.com), or *; 'https://app.example/' is not one"),
+        ("RESPONSES_LEDGER_MODEL_ALIASES", "a=gpt-oss-echo,a=gpt-oss-echo", "names the alias 'a' twice"),
+        ("RESPONSES_LEDGER_MODEL_ALIASES", "=gpt-oss-echo", "takes alias=model pairs, and '=gpt-oss-echo' is not one"),
         # numbers out of their range
         ("RESPONSES_LEDGER_LEASE_S", "-1", "takes a number over 0"),
         ("RESPONSES_LEDGER_HEARTBEAT_S", "0", "takes a number over 0"),
@@ -139,3 +156,70 @@ def test_a_heartbeat_no_shorter_than_the_lease_is_refused() -> None:
         {"RESPONSES_LEDGER_LEASE_S": "1", "RESPONSES_LEDGER_HEARTBEAT_S": "0.25"}
     )
     assert (fast.lease_s, fast.heartbeat_s) == (1.0, 0.25)
+
+
+def test_names_are_taken_as_the_server_compares_them() -> None:
+    settings = Settings.from_env(
+        {
+            "RESPONSES_LEDGER_ALLOWED_HOSTS": "Ledger.Internal, [::1], 10.0.0.5, *",
+            "RESPONSES_LEDGER_CORS_ORIGINS": "HTTPS://App.Example, http://localhost:5173",
+            "RESPONSES_LEDGER_DEFAULT_REASONING_EFFORT": "High",
+            "RESPONSES_LEDGER_LOG_LEVEL": "TRACE",
+            "RESPONSES_LEDGER_REASONING_KEY": " " + base64.b64encode(bytes(range(32))).decode(),
+        }
+    )
+    # a Host header's name: lower case, an IPv6 address without brackets (app.browser)
+    assert settings.allowed_hosts == ("ledger.internal", "::1", "10.0.0.5", "*")
+    # an Origin header: a browser sends its scheme and host in lower case
+    assert settings.cors_origins == ("https://app.example", "http://localhost:5173")
+    assert settings.default_reasoning_effort == "high"
+    assert settings.log_level == "trace"
+    assert base64.b64decode(settings.reasoning_key or "") == bytes(range(32))
+
+
+def test_the_command_line_stands_in_for_a_variable_it_overrides() -> None:
+    # an unusable variable that the command line overrides is not read (it was refused)
+    settings = Settings.from_env(
+        {"RESPONSES_LEDGER_PORT": "80OO", "RESPONSES_LEDGER_LOG_LEVEL": "loud"},
+        port=8123,
+        log_level="Debug",
+    )
+    assert (settings.port, settings.log_level) == (8123, "debug")
+    # and the command line's own words are checked as the variable's are
+    with pytest.raises(SettingsError) as refused:
+        Settings.from_env({}, log_level="verbose")
+    assert str(refused.value) == (
+        "--log-level verbose: takes critical, error, warning, info, debug or trace"
+    )
+
+
+@pytest.mark.parametrize(
+    ("aliases", "said"),
+    [
+        ("latest=gpt-oss-120b", "latest=gpt-oss-120b names no served model (this server serves a, b)"),
+        ("a=b", "a=b is a served model's own name"),
+    ],
+)  # fmt: skip
+def test_an_alias_names_a_served_model_and_no_served_name(aliases: str, said: str) -> None:
+    env = {"RESPONSES_LEDGER_SERVED_MODEL_NAME": "a,b", "RESPONSES_LEDGER_MODEL_ALIASES": aliases}
+    with pytest.raises(SettingsError) as refused:
+        Settings.from_env(env)
+    assert str(refused.value) == f"RESPONSES_LEDGER_MODEL_ALIASES={aliases!r}: {said}"
+
+
+def test_the_vllm_engine_without_a_model_is_refused() -> None:
+    with pytest.raises(SettingsError, match=r"the vllm engine needs a model: --model"):
+        Settings.from_env({"RESPONSES_LEDGER_ENGINE": "vllm"})
+    assert Settings.from_env({}, engine="vllm", model="/models/gpt-oss-20b").model_names == (
+        "/models/gpt-oss-20b",
+    )
+
+
+def test_a_vllm_variable_that_does_not_parse_stops_the_start_in_one_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # (read as the engine starts; it was a ValueError's traceback through the lifespan)
+    monkeypatch.setenv("RESPONSES_LEDGER_VLLM_GPU_MEMORY_UTILIZATION", "most")
+    with pytest.raises(StartupError) as refused:
+        build_engine(Settings(engine="vllm", model="/models/gpt-oss-20b"))
+    assert str(refused.value).startswith("RESPONSES_LEDGER_VLLM_GPU_MEMORY_UTILIZATION='most': ")

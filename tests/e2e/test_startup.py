@@ -14,6 +14,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from tests.e2e.conftest import harmony
@@ -58,7 +59,11 @@ def test_ctrl_c_stops_the_server_without_a_traceback(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("variable", "value", "said"),
     [
-        ("RESPONSES_LEDGER_PORT", "80a", "RESPONSES_LEDGER_PORT='80a': takes a whole number"),
+        (
+            "RESPONSES_LEDGER_HTTP_MAX_HEAD_BYTES",
+            "64k",
+            "RESPONSES_LEDGER_HTTP_MAX_HEAD_BYTES='64k': takes a whole number",
+        ),
         # a typo used to turn the switch off, silently
         (
             "RESPONSES_LEDGER_METRICS",
@@ -67,8 +72,12 @@ def test_ctrl_c_stops_the_server_without_a_traceback(tmp_path: Path) -> None:
         ),
         ("RESPONSES_LEDGER_DRAIN_S", "5s", "RESPONSES_LEDGER_DRAIN_S='5s': takes a number"),
         ("RESPONSES_LEDGER_EVENT_LOOP", "trio", "takes auto, uvloop or asyncio"),
-        ("RESPONSES_LEDGER_ENGINE", "vLLM-0.11", "takes echo, scripted or vllm"),
+        ("RESPONSES_LEDGER_TAKEOVER", "resume", "takes continue or fail"),
         ("RESPONSES_LEDGER_LEASE_S", "-3", "RESPONSES_LEDGER_LEASE_S='-3': takes a number over 0"),
+        # it started, and every request without reasoning.effort was answered 400
+        ("RESPONSES_LEDGER_DEFAULT_REASONING_EFFORT", "extreme", "takes none, minimal, low"),
+        # it started, and refused every browser's request
+        ("RESPONSES_LEDGER_CORS_ORIGINS", "app.example.com", "'app.example.com' is not one"),
     ],
 )
 def test_a_setting_that_cannot_be_used_is_said_in_one_line_before_anything_starts(
@@ -80,6 +89,30 @@ def test_a_setting_that_cannot_be_used_is_said_in_one_line_before_anything_start
     assert len(lines) == 1 and lines[0].startswith("responses-ledger: error: "), output
     assert said in lines[0]
     assert not (tmp_path / "setting.db").exists()  # nothing started: not even the migrations
+
+
+def test_the_command_line_is_checked_and_stands_in_for_the_variable_it_overrides(
+    tmp_path: Path,
+) -> None:
+    # --log-level verbose was a traceback from the logging module
+    status, output = _refused(tmp_path, "level", log_level="verbose")
+    assert status == 2
+    assert output.strip() == (
+        "responses-ledger: error: --log-level verbose: takes critical, error, warning, info,"
+        " debug or trace"
+    )
+    # the process's --port and --engine stand in for variables it cannot use (they were refused)
+    server = ServerProcess(
+        tmp_path,
+        "overridden",
+        f"sqlite+aiosqlite:///{tmp_path / 'o.db'}",
+        {"turns": [TURN]},
+        env={"RESPONSES_LEDGER_PORT": "80a", "RESPONSES_LEDGER_ENGINE": "vLLM-0.11"},
+    )
+    try:
+        assert httpx.get(server.base_url + "/health", timeout=5).status_code == 200
+    finally:
+        server.stop()
 
 
 @pytest.mark.parametrize(
