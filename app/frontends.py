@@ -262,14 +262,9 @@ def _engine_core(
     from vllm.v1.engine.utils import bind_engine_zmq_listeners, launch_core_engines
     from vllm.v1.executor import Executor
 
-    from app.engines.vllm import engine_config_from
+    from app.engines.vllm import config_for
 
-    config = engine_config_from(
-        None,
-        model=settings.model,
-        served_model_names=settings.served_model_names or None,
-        **settings.engine_options,
-    )
+    config = config_for(settings)
     engine_args = AsyncEngineArgs(**config.engine_args())
     engine_args._api_process_count = count
     engine_args._api_process_rank = -1

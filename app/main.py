@@ -77,17 +77,9 @@ def build_engine(settings: Settings, engine_core: Mapping[str, Any] | None = Non
             raise StartupError(f"the scripted engine's --script {settings.script}: {exc}") from None
         return ScriptedEngine(encoding, names, script)
     if settings.engine == "vllm":
-        from app.engines.vllm import VllmEngine, engine_config_from
+        from app.engines.vllm import VllmEngine, config_for
 
-        try:
-            config = engine_config_from(
-                None,
-                model=settings.model,
-                served_model_names=settings.served_model_names or None,
-                **settings.engine_options,
-            )
-        except ValueError as exc:  # a RESPONSES_LEDGER_VLLM_* variable that does not parse
-            raise StartupError(str(exc)) from None
+        config = config_for(settings)
         return VllmEngine(
             dataclasses.replace(config, prometheus=settings.metrics), core=engine_core
         )

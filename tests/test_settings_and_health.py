@@ -221,5 +221,13 @@ def test_a_vllm_variable_that_does_not_parse_stops_the_start_in_one_line(
     # (read as the engine starts; it was a ValueError's traceback through the lifespan)
     monkeypatch.setenv("RESPONSES_LEDGER_VLLM_GPU_MEMORY_UTILIZATION", "most")
     with pytest.raises(StartupError) as refused:
-        build_engine(Settings(engine="vllm", model="/models/gpt-oss-20b"))
+        build_engine(Settings(engine="vllm", model="openai/gpt-oss-20b"))
     assert str(refused.value).startswith("RESPONSES_LEDGER_VLLM_GPU_MEMORY_UTILIZATION='most': ")
+
+
+def test_a_vllm_model_path_that_is_not_there_stops_the_start_in_one_line(tmp_path: Path) -> None:
+    # (vLLM took it for a Hugging Face name, and its refusal was a traceback through transformers)
+    missing = tmp_path / "gpt-oss-20b"
+    with pytest.raises(StartupError) as refused:
+        build_engine(Settings(engine="vllm", model=str(missing)))
+    assert str(refused.value) == f"the model {missing}: no such file or directory"

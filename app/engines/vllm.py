@@ -90,11 +90,14 @@ from app.engines.protocol import (
     Pushable,
     Sampling,
 )
+from app.startup import StartupError
 from domain.logprobs import TokenLogprob
 
 if TYPE_CHECKING:
     from vllm.outputs import RequestOutput
     from vllm.v1.engine.async_llm import AsyncLLM
+
+    from app.settings import Settings
 
 __all__ = [
     "ENGINE_OPTION_NAMES",
@@ -102,6 +105,7 @@ __all__ = [
     "VllmEngine",
     "VllmEngineConfig",
     "add_engine_arguments",
+    "config_for",
     "engine_config_from",
     "parse_bytes",
 ]
@@ -290,6 +294,26 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
                 option, dest=name, type=convert, default=None, metavar=metavar, help=help_text
             )
     return parser
+
+
+def config_for(settings: Settings) -> VllmEngineConfig:
+    """The engine's config for the server's settings (its model and served names, the vLLM
+    options of its command line, the environment's), or why it cannot start, in one line
+    (``StartupError``): a ``RESPONSES_LEDGER_VLLM_*`` variable that does not parse, or a model
+    path that is not there (vLLM takes it for a Hugging Face name, and refuses that in a long
+    traceback)."""
+    model = settings.model or ""
+    if model.startswith(("/", "./", "../", "~")) and not Path(model).expanduser().exists():
+        raise StartupError(f"the model {model}: no such file or directory")
+    try:
+        return engine_config_from(
+            None,
+            model=settings.model,
+            served_model_names=settings.served_model_names or None,
+            **settings.engine_options,
+        )
+    except ValueError as exc:
+        raise StartupError(str(exc)) from None
 
 
 def engine_config_from(
