@@ -49,7 +49,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from app.settings import Settings, SettingsError
-from app.startup import DATABASE_ERRORS, database_unreachable
+from app.startup import DATABASE_ERRORS, StartupError, database_unreachable
 from persistence.records import Replica
 
 __all__ = ["ReplicaHeader", "group_peers", "serve"]
@@ -127,7 +127,10 @@ def _refusal(settings: Settings) -> str | None:
 def _bind(host: str, port: int) -> socket.socket:
     """The listening socket, bound once here; every frontend accepts on it."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.create_server((host, port), family=family, backlog=4096)
+    try:
+        sock = socket.create_server((host, port), family=family, backlog=4096)
+    except OSError as exc:  # (in use, a name that does not resolve, an address not this host's)
+        raise StartupError(f"cannot listen on {host} port {port}: {exc.strerror or exc}") from None
     sock.set_inheritable(True)
     return sock
 

@@ -122,23 +122,39 @@ def _reasoning_key(value: str) -> str:
     return value.strip()
 
 
+def _host(name: str) -> str | None:
+    """A host name or address as the server uses it: in lower case, an IPv6 address without its
+    brackets; None if it carries a scheme, a port or a path (it could never match or bind)."""
+    host = name.strip().lower()
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not host or re.search(r"[/\s@?#]", host) or (":" in host and not _is_ipv6(host)):
+        return None
+    return host
+
+
 def _hosts(value: str) -> tuple[str, ...]:
-    """Host names as ``app.browser`` compares them with a Host header's: without a scheme or a
-    port, in lower case, an IPv6 address without its brackets."""
+    """Host names as ``app.browser`` compares them with a Host header's."""
     hosts = []
     for name in _names(value):
-        host = name.lower()
-        if host.startswith("[") and host.endswith("]"):
-            host = host[1:-1]
-        if host != "*" and (
-            not host or re.search(r"[/\s@?#]", host) or (":" in host and not _is_ipv6(host))
-        ):
+        host = "*" if name == "*" else _host(name)
+        if host is None:
             raise ValueError(
                 f"takes host names without a scheme or a port (example.com, 10.0.0.5, ::1) or *;"
                 f" {name!r} is not one"
             )
         hosts.append(host)
     return tuple(hosts)
+
+
+def _bind_host(value: str) -> str:
+    host = _host(value)
+    if host is None:
+        raise ValueError(
+            "takes a host name or address to listen on, without a scheme or a port (127.0.0.1,"
+            " 0.0.0.0, ::, ledger.internal; the port is RESPONSES_LEDGER_PORT)"
+        )
+    return host
 
 
 def _is_ipv6(host: str) -> bool:
@@ -347,7 +363,7 @@ class Settings:
         env = os.environ if environ is None else environ
         values: dict[str, Any] = {}
         simple: dict[str, tuple[str, Callable[[str], Any]]] = {
-            "RESPONSES_LEDGER_HOST": ("host", str),
+            "RESPONSES_LEDGER_HOST": ("host", _bind_host),
             "RESPONSES_LEDGER_PORT": ("port", _int),
             "DATABASE_URL": ("database_url", str),
             "RESPONSES_LEDGER_ENGINE": ("engine", _engine),

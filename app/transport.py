@@ -67,6 +67,7 @@ import logging
 import os
 import resource
 import signal
+import socket
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -79,6 +80,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from app.errors import error_body
 from app.settings import EVENT_LOOPS, Settings, SettingsError
+from app.startup import StartupError
 
 if TYPE_CHECKING:
     from uvicorn.protocols.http.flow_control import FlowControl
@@ -819,6 +821,12 @@ def run(app: Any, settings: Settings) -> None:
     starts) and returns: uvicorn raises the signal again once it has shut down, which asyncio
     turns into a ``KeyboardInterrupt`` whose traceback would follow "Finished server process"
     (``uvicorn.run`` swallows it too)."""
+    try:  # (uvicorn says "[Errno -2] Name or service not known", without the name)
+        socket.getaddrinfo(settings.host, settings.port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise StartupError(
+            f"cannot listen on {settings.host} port {settings.port}: {exc.strerror}"
+        ) from None
     the_server = server(app, settings, own_logging=True)
     with contextlib.suppress(KeyboardInterrupt):
         the_server.run()

@@ -112,6 +112,8 @@ def test_serve_tunes_the_gc_once_started(tmp_path: Path) -> None:
         ("RESPONSES_LEDGER_CORS_ORIGINS", "https://app.example/", "takes origins as a browser sends them, scheme://host[:port] without a path (https://app.example.com), or *; 'https://app.example/' is not one"),
         ("RESPONSES_LEDGER_MODEL_ALIASES", "a=gpt-oss-echo,a=gpt-oss-echo", "names the alias 'a' twice"),
         ("RESPONSES_LEDGER_MODEL_ALIASES", "=gpt-oss-echo", "takes alias=model pairs, and '=gpt-oss-echo' is not one"),
+        ("RESPONSES_LEDGER_HOST", "0.0.0.0:8000", "takes a host name or address to listen on, without a scheme or a port (127.0.0.1, 0.0.0.0, ::, ledger.internal; the port is RESPONSES_LEDGER_PORT)"),
+        ("RESPONSES_LEDGER_HOST", "http://ledger.internal", "takes a host name or address to listen on, without a scheme or a port (127.0.0.1, 0.0.0.0, ::, ledger.internal; the port is RESPONSES_LEDGER_PORT)"),
         # numbers out of their range
         ("RESPONSES_LEDGER_LEASE_S", "-1", "takes a number over 0"),
         ("RESPONSES_LEDGER_HEARTBEAT_S", "0", "takes a number over 0"),
@@ -174,6 +176,7 @@ def test_names_are_taken_as_the_server_compares_them() -> None:
     assert settings.cors_origins == ("https://app.example", "http://localhost:5173")
     assert settings.default_reasoning_effort == "high"
     assert settings.log_level == "trace"
+    assert Settings.from_env({"RESPONSES_LEDGER_HOST": "[::1]"}).host == "::1"  # as it binds
     assert base64.b64decode(settings.reasoning_key or "") == bytes(range(32))
 
 

@@ -11,6 +11,7 @@ test starts a real server process (``app.startup``, ``app.settings``, ``app.tran
 from __future__ import annotations
 
 import signal
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -212,4 +213,34 @@ def test_a_script_that_is_not_json_is_named(tmp_path: Path) -> None:
     assert any(
         f"the scripted engine's --script {bad}: Expecting property name" in line
         for line in _error_lines(output)
+    ), output
+
+
+@pytest.mark.parametrize("frontends", [1, 2])
+def test_a_port_in_use_is_said_in_one_line(tmp_path: Path, pg_url: str, frontends: int) -> None:
+    # with several frontends the parent binds the port itself: that was OSError's traceback
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        status, output = _refused(
+            tmp_path, "in-use", pg_url, port=port, args=["--frontends", str(frontends)]
+        )
+    assert status == 3
+    assert "Traceback" not in output, output
+    said = [line for line in _error_lines(output) if "in use" in line]
+    assert len(said) == 1 and f"127.0.0.1', {port}" in said[0], output
+
+
+def test_a_host_that_does_not_resolve_is_named(tmp_path: Path) -> None:
+    # uvicorn said "[Errno -2] Name or service not known", without the name
+    status, output = _refused(
+        tmp_path,
+        "no-host",
+        args=["--host", "no-such-host.invalid"],
+        env={"RESPONSES_LEDGER_RUN_OPEN": "1"},
+    )
+    assert status == 3
+    assert (
+        output.strip()
+        .splitlines()[-1]
+        .startswith("responses-ledger: error: cannot listen on no-such-host.invalid port ")
     ), output
