@@ -21,7 +21,7 @@ from typing import Any
 
 from app.engines.vllm import ENGINE_OPTION_NAMES, add_engine_arguments
 from app.settings import ENGINES, Settings, SettingsError
-from app.startup import StartupError, check_database_url
+from app.startup import DATABASE_ERRORS, StartupError, check_database_url, database_unreachable
 
 __all__ = ["main"]
 
@@ -116,14 +116,13 @@ def _serve(args: argparse.Namespace) -> None:
     transport.run(app, settings)
 
 
-async def _open(url: str | None) -> Any:
+async def _open(url: str) -> Any:
     from persistence.sql import open_store
 
-    settings = Settings.from_env(database_url=url)
-    return await open_store(settings.database_url)
+    return await open_store(url)
 
 
-async def _events(response_id: str, url: str | None, *, replay: bool) -> int:
+async def _events(response_id: str, url: str, *, replay: bool) -> int:
     from app.audit_log import log_lines
     from app.live import stored_frames
 
@@ -144,10 +143,10 @@ async def _events(response_id: str, url: str | None, *, replay: bool) -> int:
         await store.close()
 
 
-async def _keys(args: argparse.Namespace) -> int:
+async def _keys(args: argparse.Namespace, url: str) -> int:
     from app.keys import create_key
 
-    store = await _open(args.database_url)
+    store = await _open(url)
     try:
         if args.action == "create":
             try:
@@ -199,19 +198,23 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "serve":
         _serve(args)
         return 0
-    if args.command == "db":
-        from persistence import migrate
+    url = Settings.from_env(database_url=args.database_url).database_url
+    check_database_url(url)
+    try:
+        if args.command == "db":
+            from persistence import migrate
 
-        url = Settings.from_env(database_url=args.database_url).database_url
-        if args.action == "upgrade":
-            migrate.upgrade(url)
-        print(migrate.current(url) or "(empty)")
-        return 0
-    if args.command == "keys":
-        return asyncio.run(_keys(args))
-    return asyncio.run(
-        _events(args.response_id, args.database_url, replay=args.command == "replay")
-    )
+            if args.action == "upgrade":
+                migrate.upgrade(url)
+            print(migrate.current(url) or "(empty)")
+            return 0
+        if args.command == "keys":
+            return asyncio.run(_keys(args, url))
+        return asyncio.run(_events(args.response_id, url, replay=args.command == "replay"))
+    except DATABASE_ERRORS as exc:  # as ``serve`` says it: one line, the password hidden
+        if isinstance(exc, BrokenPipeError):  # (its output's reader left: not the database)
+            raise
+        raise database_unreachable(url, exc) from exc
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ import httpx
 from app.encoding import load_encoding
 from app.engines.echo import EchoEngine
 from app.settings import Settings
-from tests.support.server import serve
+from tests.support.server import free_port, serve
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[bytes]:
@@ -56,3 +56,24 @@ def test_db_events_and_replay(tmp_path: Path) -> None:
 
     missing = _cli("events", "resp_missing", "--database-url", url)
     assert missing.returncode == 1 and b"no response" in missing.stderr
+
+
+def test_a_database_the_commands_cannot_open_is_said_in_one_line(tmp_path: Path) -> None:
+    # as ``serve`` says it (tests/e2e/test_startup.py); they printed the driver's traceback
+    port = free_port()  # nothing listens there
+    url = f"postgresql+asyncpg://postgres:sekret@127.0.0.1:{port}/test"
+    for args in (("db", "upgrade"), ("keys", "list"), ("events", "resp_x"), ("replay", "resp_x")):
+        refused = _cli(*args, "--database-url", url)
+        assert refused.returncode == 3, (args, refused.stderr)
+        assert refused.stdout == b"" and b"Traceback" not in refused.stderr
+        assert refused.stderr.decode().strip() == (
+            "responses-ledger: error: cannot open the database "
+            f"postgresql+asyncpg://postgres:***@127.0.0.1:{port}/test: "
+            f"ConnectionRefusedError: [Errno 111] Connect call failed ('127.0.0.1', {port})"
+        ), args
+    unsupported = _cli("db", "current", "--database-url", "mysql://app@db/ledger")
+    assert unsupported.returncode == 2
+    assert unsupported.stderr.decode().strip() == (
+        "responses-ledger: error: DATABASE_URL (--database-url) mysql://app@db/ledger: "
+        "unsupported database 'mysql': use SQLite or PostgreSQL"
+    )
