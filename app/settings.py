@@ -1,7 +1,8 @@
 """Configuration: one frozen object, built from the environment (and the command line).
 
 Every setting has an environment variable (listed in the README); the command line of
-``responses-ledger serve`` overrides it. Nothing is read at import time: ``Settings.from_env()``
+``responses-ledger serve`` overrides it (the variable is then not read, and the option's value is
+checked as the variable's would be). Nothing is read at import time: ``Settings.from_env()``
 is called by the CLI (or a test) and the result is passed to ``create_app``.
 """
 
