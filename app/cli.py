@@ -19,7 +19,7 @@ import json
 import sys
 from typing import Any
 
-from app.engines.vllm import ENGINE_OPTION_NAMES, add_engine_arguments
+from app.engines.vllm import ENGINE_OPTION_FLAGS, ENGINE_OPTION_NAMES, add_engine_arguments
 from app.settings import ENGINES, Settings, SettingsError
 from app.startup import DATABASE_ERRORS, StartupError, check_database_url, database_unreachable
 
@@ -107,6 +107,20 @@ def _serve(args: argparse.Namespace) -> None:
         engine_options=engine_options or None,
     )
     check_database_url(settings.database_url)
+    # an option of another engine than the one that runs would be ignored
+    others = [
+        flag
+        for flag, given, engine in [
+            ("--script", args.script, "scripted"),
+            *((ENGINE_OPTION_FLAGS[name], True, "vllm") for name in engine_options),
+        ]
+        if given and settings.engine != engine
+    ]
+    if others:
+        raise SettingsError(
+            f"{', '.join(others)}: not an option of the {settings.engine} engine, which this"
+            " server runs (--engine)"
+        )
     logs.configure(settings.log_level, settings.log_format)
     if settings.frontends != 1:
         from app import frontends

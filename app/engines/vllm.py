@@ -100,6 +100,7 @@ if TYPE_CHECKING:
     from app.settings import Settings
 
 __all__ = [
+    "ENGINE_OPTION_FLAGS",
     "ENGINE_OPTION_NAMES",
     "HARMONY_STOP_TOKEN_IDS",
     "VllmEngine",
@@ -798,3 +799,5 @@ def _with_logprobs(chunk: EngineChunk, logprobs: Any, k: int) -> EngineChunk:
 
 #: The settings names :func:`add_engine_arguments` adds (each one's argparse ``dest``).
 ENGINE_OPTION_NAMES: tuple[str, ...] = tuple(_OPTIONS)
+#: Each option's command-line flag, by name.
+ENGINE_OPTION_FLAGS: Mapping[str, str] = {name: flag for name, (flag, _) in _OPTIONS.items()}

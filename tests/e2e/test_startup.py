@@ -244,3 +244,19 @@ def test_a_host_that_does_not_resolve_is_named(tmp_path: Path) -> None:
         .splitlines()[-1]
         .startswith("responses-ledger: error: cannot listen on no-such-host.invalid port ")
     ), output
+
+
+@pytest.mark.parametrize(
+    ("options", "said"),
+    [
+        ({"args": ["--dtype", "float16", "--enforce-eager"]}, "--dtype, --enforce-eager: not an option of the scripted engine"),
+        ({"engine_args": ["--engine", "echo", "--script", "turns.json"]}, "--script: not an option of the echo engine"),
+    ],
+)  # fmt: skip
+def test_an_option_of_another_engine_is_refused(
+    tmp_path: Path, options: dict[str, list[str]], said: str
+) -> None:
+    # it was ignored: a server that was not what its command line said
+    status, output = _refused(tmp_path, "other-engine", **options)
+    assert status == 2
+    assert output.strip() == f"responses-ledger: error: {said}, which this server runs (--engine)"
