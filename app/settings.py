@@ -62,7 +62,10 @@ def _float(value: str) -> float:
 
 
 def _names(value: str) -> tuple[str, ...]:
-    return tuple(name.strip() for name in value.split(",") if name.strip())
+    names = tuple(name.strip() for name in value.split(",") if name.strip())
+    if not names:  # (",", " ": set, yet naming nothing; it meant the default)
+        raise ValueError("takes one or more names, comma-separated")
+    return names
 
 
 def _gc_threshold(value: str) -> tuple[int, int, int] | None:

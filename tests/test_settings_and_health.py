@@ -112,6 +112,8 @@ def test_serve_tunes_the_gc_once_started(tmp_path: Path) -> None:
         ("RESPONSES_LEDGER_CORS_ORIGINS", "https://app.example/", "takes origins as a browser sends them, scheme://host[:port] without a path (https://app.example.com), or *; 'https://app.example/' is not one"),
         ("RESPONSES_LEDGER_MODEL_ALIASES", "a=gpt-oss-echo,a=gpt-oss-echo", "names the alias 'a' twice"),
         ("RESPONSES_LEDGER_MODEL_ALIASES", "=gpt-oss-echo", "takes alias=model pairs, and '=gpt-oss-echo' is not one"),
+        ("RESPONSES_LEDGER_SERVED_MODEL_NAME", " , ", "takes one or more names, comma-separated"),
+        ("RESPONSES_LEDGER_ALLOWED_HOSTS", ",", "takes one or more names, comma-separated"),
         ("RESPONSES_LEDGER_HOST", "0.0.0.0:8000", "takes a host name or address to listen on, without a scheme or a port (127.0.0.1, 0.0.0.0, ::, ledger.internal; the port is RESPONSES_LEDGER_PORT)"),
         ("RESPONSES_LEDGER_HOST", "http://ledger.internal", "takes a host name or address to listen on, without a scheme or a port (127.0.0.1, 0.0.0.0, ::, ledger.internal; the port is RESPONSES_LEDGER_PORT)"),
         # numbers out of their range
