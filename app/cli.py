@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import dataclasses
 import json
+import logging
 import sys
 from typing import Any
 
@@ -122,6 +123,10 @@ def _serve(args: argparse.Namespace) -> None:
             " server runs (--engine)"
         )
     logs.configure(settings.log_level, settings.log_format)
+    for variable in settings.unused_variables():
+        logging.getLogger("app.cli").warning(
+            "%s is set, and the %s engine runs: it is not used", variable, settings.engine
+        )
     if settings.frontends != 1:
         from app import frontends
 

@@ -358,6 +358,20 @@ class Settings:
             return (self.model,)
         return ("gpt-oss-20b" if self.engine == "vllm" else f"gpt-oss-{self.engine}",)
 
+    def unused_variables(self, environ: Mapping[str, str] | None = None) -> list[str]:
+        """The variables set for another engine than the one that runs (the scripted engine's
+        file, the vLLM engine's ``RESPONSES_LEDGER_VLLM_*``): read by nothing, so ``serve``
+        says so at start. (Their command-line options are refused instead: ``app.cli``.)"""
+        env = os.environ if environ is None else environ
+        unused = []
+        if self.engine != "scripted" and env.get("RESPONSES_LEDGER_SCRIPT"):
+            unused.append("RESPONSES_LEDGER_SCRIPT")
+        if self.engine != "vllm":
+            unused.extend(
+                sorted(v for v in env if v.startswith("RESPONSES_LEDGER_VLLM_") and env[v])
+            )
+        return unused
+
     @classmethod
     def from_env(
         cls, environ: Mapping[str, str] | None = None, *, serving: bool = False, **overrides: Any

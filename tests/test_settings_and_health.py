@@ -236,3 +236,25 @@ def test_a_vllm_model_path_that_is_not_there_stops_the_start_in_one_line(tmp_pat
     with pytest.raises(StartupError) as refused:
         build_engine(Settings(engine="vllm", model=str(missing)))
     assert str(refused.value) == f"the model {missing}: no such file or directory"
+
+
+def test_the_variables_of_another_engine_are_named_as_unused() -> None:
+    env = {
+        "RESPONSES_LEDGER_SCRIPT": "turns.json",
+        "RESPONSES_LEDGER_VLLM_DTYPE": "float16",
+        "RESPONSES_LEDGER_VLLM_ENFORCE_EAGER": "true",
+        "RESPONSES_LEDGER_VLLM_SEED": "",  # (set empty: as unset)
+    }
+    echo = Settings.from_env(env)
+    assert echo.unused_variables(env) == [
+        "RESPONSES_LEDGER_SCRIPT",
+        "RESPONSES_LEDGER_VLLM_DTYPE",
+        "RESPONSES_LEDGER_VLLM_ENFORCE_EAGER",
+    ]
+    scripted = Settings.from_env({**env, "RESPONSES_LEDGER_ENGINE": "scripted"})
+    assert scripted.unused_variables(env) == [
+        "RESPONSES_LEDGER_VLLM_DTYPE",
+        "RESPONSES_LEDGER_VLLM_ENFORCE_EAGER",
+    ]
+    vllm = Settings.from_env({**env, "RESPONSES_LEDGER_ENGINE": "vllm"}, model="openai/gpt-oss-20b")
+    assert vllm.unused_variables(env) == ["RESPONSES_LEDGER_SCRIPT"]

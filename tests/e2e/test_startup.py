@@ -260,3 +260,21 @@ def test_an_option_of_another_engine_is_refused(
     status, output = _refused(tmp_path, "other-engine", **options)
     assert status == 2
     assert output.strip() == f"responses-ledger: error: {said}, which this server runs (--engine)"
+
+
+def test_a_variable_of_another_engine_is_named_at_start(tmp_path: Path) -> None:
+    server = ServerProcess(
+        tmp_path,
+        "unused",
+        f"sqlite+aiosqlite:///{tmp_path / 'u.db'}",
+        {"turns": [TURN]},
+        env={"RESPONSES_LEDGER_VLLM_GPU_MEMORY_UTILIZATION": "0.5"},
+    )
+    try:
+        assert httpx.get(server.base_url + "/health", timeout=5).status_code == 200
+    finally:
+        server.stop()
+    assert (
+        "RESPONSES_LEDGER_VLLM_GPU_MEMORY_UTILIZATION is set, and the scripted engine runs: it is"
+        " not used" in server.log_text()
+    )
