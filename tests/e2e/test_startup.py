@@ -28,11 +28,14 @@ TURN = {"completion": harmony(("final", "started"))}
 def _refused(tmp_path: Path, name: str, url: str | None = None, **options: Any) -> tuple[int, str]:
     """Start a server that must not start: its exit status and everything it printed."""
     database = url or f"sqlite+aiosqlite:///{tmp_path / f'{name}.db'}"
-    with pytest.raises(ServerDidNotStart) as refused:
-        ServerProcess(tmp_path, name, database, {"turns": [TURN]}, **options)
-    status = refused.value.returncode
-    assert status is not None, str(refused.value)  # it exited, it did not hang
-    return status, (tmp_path / f"{name}.log").read_text()
+    try:
+        started = ServerProcess(tmp_path, name, database, {"turns": [TURN]}, **options)
+    except ServerDidNotStart as refused:
+        status = refused.returncode
+        assert status is not None, str(refused)  # it exited, it did not hang
+        return status, (tmp_path / f"{name}.log").read_text()
+    started.stop()  # (not left running: a failed run of these tests left such servers behind)
+    pytest.fail(f"the server started:\n{started.log_text()}")
 
 
 def _error_lines(output: str) -> list[str]:
