@@ -49,7 +49,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from app.settings import Settings, SettingsError
-from app.startup import DATABASE_ERRORS, StartupError, database_unreachable
+from app.startup import DATABASE_ERRORS, cannot_listen, database_unreachable
 from persistence.records import Replica
 
 __all__ = ["ReplicaHeader", "group_peers", "serve"]
@@ -129,8 +129,8 @@ def _bind(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     try:
         sock = socket.create_server((host, port), family=family, backlog=4096)
-    except OSError as exc:  # (in use, a name that does not resolve, an address not this host's)
-        raise StartupError(f"cannot listen on {host} port {port}: {exc.strerror or exc}") from None
+    except OSError as exc:
+        raise cannot_listen(host, port, exc) from None
     sock.set_inheritable(True)
     return sock
 

@@ -24,6 +24,7 @@ import time
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from uvicorn.config import LOG_LEVELS
 
 from app.limits import CALLER
 
@@ -34,8 +35,6 @@ RUN = "ledger.run"
 
 _requests = logging.getLogger("app.requests")
 _PROBES = ("/health", "/metrics")
-#: ``RESPONSES_LEDGER_LOG_LEVEL``'s values, as uvicorn names them (its ``trace`` is below debug).
-LEVELS = {"critical": 50, "error": 40, "warning": 30, "info": 20, "debug": 10, "trace": 5}
 #: LogRecord attributes that are not a caller's ``extra``.
 _STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {
     "message",
@@ -74,7 +73,7 @@ def configure(level: str, fmt: str) -> None:
     for old in list(root.handlers):
         root.removeHandler(old)
     root.addHandler(handler)
-    root.setLevel(LEVELS[level.lower()])
+    root.setLevel(LOG_LEVELS[level.lower()])  # (uvicorn's names: its ``trace`` is below debug)
     for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):  # into the same handler
         logger = logging.getLogger(name)
         logger.handlers.clear()

@@ -18,8 +18,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from uvicorn.config import LOG_LEVELS
+
 from app.contract import EFFORTS
-from app.logs import LEVELS
 from app.turns import SETUP_SHARE
 
 __all__ = ["Settings", "SettingsError"]
@@ -104,13 +105,15 @@ def _setup_share(value: str) -> float:
 ENGINES = ("echo", "scripted", "vllm")
 #: ``Settings.event_loop``'s values (``app.transport.loop_name`` resolves them).
 EVENT_LOOPS = ("auto", "uvloop", "asyncio")
+#: ``Settings.http_implementation``'s values (``app.transport.protocol_class`` resolves them).
+HTTP_IMPLEMENTATIONS = ("auto", "h11", "httptools")
 
 _engine = _one_of(*ENGINES)
 _event_loop = _one_of(*EVENT_LOOPS)
 _takeover = _one_of("continue", "fail")
 _log_format = _one_of("json", "text")
-_log_level = _one_of(*LEVELS)
-_http_implementation = _one_of("auto", "h11", "httptools")
+_log_level = _one_of(*LOG_LEVELS)
+_http_implementation = _one_of(*HTTP_IMPLEMENTATIONS)
 #: (a request without ``reasoning.effort`` takes it: a value no request could send would fail
 #: every such request with a 400 about a parameter its client never sent)
 _effort = _one_of(*EFFORTS)

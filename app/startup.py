@@ -26,6 +26,7 @@ from persistence.health import describe
 __all__ = [
     "DATABASE_ERRORS",
     "StartupError",
+    "cannot_listen",
     "check_database_url",
     "database_unreachable",
     "reported_in_one_line",
@@ -60,6 +61,13 @@ def database_unreachable(url: str, exc: BaseException) -> StartupError:
     """The start-up error of a database that cannot be opened: where (its password hidden) and
     what the driver said."""
     return StartupError(f"cannot open the database {_shown(url)}: {describe(exc)}")
+
+
+def cannot_listen(host: str, port: int, exc: OSError) -> StartupError:
+    """The start-up error of a listening address that cannot be had (in use, a name that does
+    not resolve, an address not this host's), naming it (uvicorn's says only the system's words
+    for a name)."""
+    return StartupError(f"cannot listen on {host} port {port}: {exc.strerror or exc}")
 
 
 def check_database_url(url: str) -> None:

@@ -79,8 +79,8 @@ from uvicorn.config import LOGGING_CONFIG
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from app.errors import error_body
-from app.settings import EVENT_LOOPS, Settings, SettingsError
-from app.startup import StartupError
+from app.settings import EVENT_LOOPS, HTTP_IMPLEMENTATIONS, Settings, SettingsError
+from app.startup import cannot_listen
 
 if TYPE_CHECKING:
     from uvicorn.protocols.http.flow_control import FlowControl
@@ -639,7 +639,7 @@ def _httptools_class() -> type[asyncio.Protocol] | None:
 
 def protocol_class(implementation: str) -> type[asyncio.Protocol]:
     """``auto`` (httptools when installed, else h11), ``h11`` or ``httptools``."""
-    if implementation not in ("auto", "h11", "httptools"):
+    if implementation not in HTTP_IMPLEMENTATIONS:  # (a Settings made in code)
         raise ValueError(f"http implementation {implementation!r}: use auto, h11 or httptools")
     if implementation == "h11":
         return _H11
@@ -824,9 +824,7 @@ def run(app: Any, settings: Settings) -> None:
     try:  # (uvicorn says "[Errno -2] Name or service not known", without the name)
         socket.getaddrinfo(settings.host, settings.port, type=socket.SOCK_STREAM)
     except socket.gaierror as exc:
-        raise StartupError(
-            f"cannot listen on {settings.host} port {settings.port}: {exc.strerror}"
-        ) from None
+        raise cannot_listen(settings.host, settings.port, exc) from None
     the_server = server(app, settings, own_logging=True)
     with contextlib.suppress(KeyboardInterrupt):
         the_server.run()
