@@ -429,32 +429,33 @@ class Settings:
         if serving:
             values["gc_threshold"] = SERVE_GC_THRESHOLD
         overrides = {k: v for k, v in overrides.items() if v is not None}
-        converters = {name: convert for name, convert in simple.values()}
-        for name, value in overrides.items():  # the command line's words, as the variables' are
-            convert = converters.get(name)
-            if convert is not None and isinstance(value, str):
-                try:
-                    overrides[name] = convert(value)
-                except ValueError as exc:
-                    raise SettingsError(f"--{name.replace('_', '-')} {value}: {exc}") from None
+        given = dict(overrides)  # (as the command line gave them, for ``refused``)
+        variables = {name: var for var, (name, _) in simple.items()}
+
+        def refused(name: str, why: str) -> SettingsError:
+            """A refusal of field ``name`` that says where its value came from."""
+            if name in given:
+                return SettingsError(f"--{name.replace('_', '-')} {given[name]}: {why}")
+            return SettingsError(f"{variables[name]}={env.get(variables[name])!r}: {why}")
+
         for var, (name, convert) in simple.items():
-            value = env.get(var)
-            if value and name not in overrides:  # (the command line's value stands instead)
+            if name in overrides:  # the command line's value, checked as the variable's would be
+                if isinstance(overrides[name], str):
+                    try:
+                        overrides[name] = convert(overrides[name])
+                    except ValueError as exc:
+                        raise refused(name, str(exc)) from None
+            elif value := env.get(var):
                 try:
                     values[name] = convert(value)
                 except ValueError as exc:
-                    raise SettingsError(f"{var}={value!r}: {exc}") from None
+                    raise refused(name, str(exc)) from None
         settings = cls(**values)
         settings = replace(settings, **overrides) if overrides else settings
-        sources = {name: var for var, (name, _) in simple.items()}
         for name in _LEAST:
-            value = getattr(settings, name)
-            wrong = _out_of_range(name, value)
+            wrong = _out_of_range(name, getattr(settings, name))
             if wrong is not None:
-                if name in overrides:
-                    raise SettingsError(f"--{name.replace('_', '-')} {value}: {wrong}")
-                var = sources[name]
-                raise SettingsError(f"{var}={env.get(var)!r}: {wrong}")
+                raise refused(name, wrong)
         if settings.heartbeat_s >= settings.lease_s:
             # its lease would lapse between two heartbeats: the other replicas would take its
             # live responses over while it still generates them
@@ -469,14 +470,12 @@ class Settings:
             )
         served = settings.model_names
         for alias, target in settings.model_aliases.items():
-            if alias in served or target not in served:
-                raise SettingsError(
-                    f"RESPONSES_LEDGER_MODEL_ALIASES={env.get('RESPONSES_LEDGER_MODEL_ALIASES')!r}:"
-                    f" {alias}={target} "
-                    + (
-                        "is a served model's own name"
-                        if alias in served
-                        else f"names no served model (this server serves {', '.join(served)})"
-                    )
+            if alias in served:
+                raise refused("model_aliases", f"{alias}={target} is a served model's own name")
+            if target not in served:
+                raise refused(
+                    "model_aliases",
+                    f"{alias}={target} names no served model (this server serves"
+                    f" {', '.join(served)})",
                 )
         return settings
