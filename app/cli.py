@@ -109,14 +109,9 @@ def _serve(args: argparse.Namespace) -> None:
     )
     check_database_url(settings.database_url)
     # an option of another engine than the one that runs would be ignored
-    others = [
-        flag
-        for flag, given, engine in [
-            ("--script", args.script, "scripted"),
-            *((ENGINE_OPTION_FLAGS[name], True, "vllm") for name in engine_options),
-        ]
-        if given and settings.engine != engine
-    ]
+    others = ["--script"] if args.script and settings.engine != "scripted" else []
+    if settings.engine != "vllm":
+        others += [ENGINE_OPTION_FLAGS[name] for name in engine_options]
     if others:
         raise SettingsError(
             f"{', '.join(others)}: not an option of the {settings.engine} engine, which this"
