@@ -281,3 +281,19 @@ def test_a_variable_of_another_engine_is_named_at_start(tmp_path: Path) -> None:
         "RESPONSES_LEDGER_VLLM_GPU_MEMORY_UTILIZATION is set, and the scripted engine runs: it is"
         " not used" in server.log_text()
     )
+
+
+def test_uvicorns_trace_level_is_a_log_level(tmp_path: Path) -> None:
+    # --log-level trace was a ValueError from the logging module before anything started
+    server = ServerProcess(
+        tmp_path,
+        "trace",
+        f"sqlite+aiosqlite:///{tmp_path / 't.db'}",
+        {"turns": [TURN]},
+        log_level="trace",
+    )
+    try:
+        assert httpx.get(server.base_url + "/health", timeout=5).status_code == 200
+    finally:
+        server.stop()
+    assert '"level": "trace"' in server.log_text()  # uvicorn's ASGI messages, below debug
