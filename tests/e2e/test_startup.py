@@ -38,6 +38,17 @@ def _refused(tmp_path: Path, name: str, url: str | None = None, **options: Any) 
     pytest.fail(f"the server started:\n{started.log_text()}")
 
 
+def _served(tmp_path: Path, name: str, **options: Any) -> str:
+    """Start a server that must start, see it answer, stop it: everything it printed."""
+    database = f"sqlite+aiosqlite:///{tmp_path / f'{name}.db'}"
+    server = ServerProcess(tmp_path, name, database, {"turns": [TURN]}, **options)
+    try:
+        assert httpx.get(server.base_url + "/health", timeout=5).status_code == 200
+    finally:
+        server.stop()
+    return server.log_text()
+
+
 def _error_lines(output: str) -> list[str]:
     return [line for line in output.splitlines() if "error" in line.lower()]
 
@@ -106,17 +117,11 @@ def test_the_command_line_is_checked_and_stands_in_for_the_variable_it_overrides
         " debug or trace"
     )
     # the process's --port and --engine stand in for variables it cannot use (they were refused)
-    server = ServerProcess(
+    _served(
         tmp_path,
         "overridden",
-        f"sqlite+aiosqlite:///{tmp_path / 'o.db'}",
-        {"turns": [TURN]},
         env={"RESPONSES_LEDGER_PORT": "80a", "RESPONSES_LEDGER_ENGINE": "vLLM-0.11"},
     )
-    try:
-        assert httpx.get(server.base_url + "/health", timeout=5).status_code == 200
-    finally:
-        server.stop()
 
 
 @pytest.mark.parametrize(
@@ -266,34 +271,16 @@ def test_an_option_of_another_engine_is_refused(
 
 
 def test_a_variable_of_another_engine_is_named_at_start(tmp_path: Path) -> None:
-    server = ServerProcess(
-        tmp_path,
-        "unused",
-        f"sqlite+aiosqlite:///{tmp_path / 'u.db'}",
-        {"turns": [TURN]},
-        env={"RESPONSES_LEDGER_VLLM_GPU_MEMORY_UTILIZATION": "0.5"},
+    output = _served(
+        tmp_path, "unused", env={"RESPONSES_LEDGER_VLLM_GPU_MEMORY_UTILIZATION": "0.5"}
     )
-    try:
-        assert httpx.get(server.base_url + "/health", timeout=5).status_code == 200
-    finally:
-        server.stop()
     assert (
         "RESPONSES_LEDGER_VLLM_GPU_MEMORY_UTILIZATION is set, and the scripted engine runs: it is"
-        " not used" in server.log_text()
+        " not used" in output
     )
 
 
 def test_uvicorns_trace_level_is_a_log_level(tmp_path: Path) -> None:
     # --log-level trace was a ValueError from the logging module before anything started
-    server = ServerProcess(
-        tmp_path,
-        "trace",
-        f"sqlite+aiosqlite:///{tmp_path / 't.db'}",
-        {"turns": [TURN]},
-        log_level="trace",
-    )
-    try:
-        assert httpx.get(server.base_url + "/health", timeout=5).status_code == 200
-    finally:
-        server.stop()
-    assert '"level": "trace"' in server.log_text()  # uvicorn's ASGI messages, below debug
+    output = _served(tmp_path, "trace", log_level="trace")
+    assert '"level": "trace"' in output  # uvicorn's ASGI messages, below debug
