@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 from app import item_refs
 from app.contract import check_request
 from app.engines.protocol import EngineError, PromptTooLong, Sampling
-from app.errors import APIError
+from app.errors import APIError, unknown_parameter
 from app.reasoning_crypto import COMPACTION
 from app.wire import CreateResponse
 from domain.builder import ResponseBuilder, Usage, usage_json
@@ -233,12 +233,7 @@ class Compactions:
         """OpenAI's ``CompactedResponse`` for ``body`` (the SDK's ``ResponseCompactParams``)."""
         for name in body:
             if name not in COMPACT_FIELDS:
-                raise APIError(
-                    400,
-                    f"Unrecognized request argument supplied: {name}",
-                    param=name,
-                    code="unknown_parameter",
-                )
+                raise unknown_parameter(name)
         service = self._service
         service.check_accepting()
         fields = {k: body[k] for k in _AS_CREATE if k in body}

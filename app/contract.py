@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from app.errors import APIError
+from app.errors import APIError, unknown_parameter
 
 __all__ = [
     "EFFORTS",
@@ -326,12 +326,7 @@ def check_request(body: Mapping[str, Any]) -> None:
     for name, value in body.items():
         parameter = _BY_NAME.get(name)
         if parameter is None:
-            raise APIError(
-                400,
-                f"Unrecognized request argument supplied: {name}",
-                param=name,
-                code="unknown_parameter",
-            )
+            raise unknown_parameter(name)
         if value is None:
             continue
         if parameter.handling == "refused":

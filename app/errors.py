@@ -72,6 +72,13 @@ def not_found(
     return APIError(404, f"{what} with id '{ident}' not found.", param=param, code=code)
 
 
+def unknown_parameter(name: str) -> APIError:
+    """OpenAI's 400 for a parameter it does not know (a body's top-level field, a query's name)."""
+    return APIError(
+        400, f"Unrecognized request argument supplied: {name}", param=name, code="unknown_parameter"
+    )
+
+
 def error_body(message: str, type: str, param: str | None, code: str | None) -> dict[str, object]:
     return {
         "error": {

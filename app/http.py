@@ -156,25 +156,11 @@ def _bool_param(request: Request, name: str) -> bool:
     )
 
 
-def _no_include(request: Request) -> None:
-    """``include`` is honoured when a response is created; a read returns what was stored, so
-    asking a read for more is refused rather than ignored."""
-    for name in ("include", "include[]"):
-        if name in request.query_params:
-            raise APIError(
-                400,
-                f"'{name}' is not supported when reading a response: pass include when creating "
-                "it (POST /v1/responses); a read returns the response as it was stored.",
-                param="include",
-                code="invalid_value",
-            )
-
-
 async def get_response(request: Request) -> Response:
     service = _service(request)
     response_id = _response_id(request)
-    _no_include(request)
     stream = _bool_param(request, "stream")
+    _bool_param(request, "include_obfuscation")  # (a hint: no obfuscation field is ever added)
     after = _int_param(request, "starting_after", -1, -1, 2**62)
     if not stream and request.query_params.get("starting_after"):
         raise APIError(
@@ -212,7 +198,6 @@ async def list_input_items(request: Request) -> Response:
         )
     limit = _int_param(request, "limit", 20, 1, 100)
     response_id = _response_id(request)
-    _no_include(request)
     after = request.query_params.get("after") or None
     if after is not None and "\x00" in after:  # no stored item id holds one (bodies cannot)
         if await _service(request).store.get(response_id) is None:

@@ -19,7 +19,7 @@ from typing import Any
 
 from app.contract import check_request
 from app.conversations import conversation_param
-from app.errors import APIError
+from app.errors import APIError, unknown_parameter
 from app.service import ResponseService
 from app.wire import CreateResponse
 
@@ -48,12 +48,7 @@ async def count(service: ResponseService, body: dict[str, Any], *, project: str)
     """OpenAI's ``response.input_tokens`` object for ``body``."""
     for name in body:
         if name not in FIELDS:
-            raise APIError(
-                400,
-                f"Unrecognized request argument supplied: {name}",
-                param=name,
-                code="unknown_parameter",
-            )
+            raise unknown_parameter(name)
     if body.get("personality") is not None:
         raise APIError(
             400,

@@ -37,6 +37,7 @@ from app.leases import SingleProcessOnly, check_single_process
 from app.limits import KeyLimits
 from app.logs import RequestLog
 from app.metrics import Metrics
+from app.query import QueryParameters
 from app.reasoning_crypto import ReasoningCipher, new_key
 from app.service import ResponseService
 from app.settings import Settings
@@ -237,6 +238,8 @@ def create_app(
         Middleware(KeyAuth),
         Middleware(AuditGate),  # /ui: admins only when keys are required (app.ui)
         *([Middleware(ReplicaHeader)] if settings.frontends > 1 else []),
+        # innermost: a query parameter the route does not take is a 400 before it runs
+        Middleware(QueryParameters, routes=routes),
     ]
     app = _App(routes=routes, lifespan=lifespan, exception_handlers=handled, middleware=middleware)
     app.state.ready = False

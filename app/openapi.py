@@ -9,6 +9,8 @@ served, never a second list kept by hand) and from :data:`OPERATIONS`, which say
   (``POST /v1/responses``) or ``app.input_tokens.FIELDS``: a field that the table names but the
   model does not type is any JSON value; every other field is refused, so the body schema
   allows nothing else (``additionalProperties: false``);
+- query parameters are each operation's ``query``, and ``app.query`` refuses any other name
+  (and the ``refused`` ones, which the document leaves out) before the route runs;
 - response bodies are JSON Schemas of what the routes return (the Response object, OpenAI's
   ``{"error": {...}}``, list pages, deleted objects), written here: the server builds those as
   plain dicts. Each operation lists the error statuses it can answer; every route can also
@@ -304,11 +306,14 @@ SCHEMAS: dict[str, dict[str, Any]] = {
 
 @dataclass(frozen=True)
 class Query:
-    """A query parameter."""
+    """A query parameter. An operation takes only the ones it lists (``app.query`` refuses any
+    other name); a ``refused`` one is OpenAI's that this operation answers with a 400 saying
+    why (the sentence after the name), and is left out of the document."""
 
     name: str
     schema: Mapping[str, Any]
     description: str = ""
+    refused: str | None = None
 
 
 @dataclass(frozen=True)
@@ -348,6 +353,13 @@ _INCLUDE = Query(
     "include",
     {"type": "array", "items": {"enum": [v for v, why in ITEM_INCLUDES.items() if why is None]}},
     "Extra fields for the items; OpenAI's other values are refused (app.conversations).",
+)
+#: ``include`` on a read of a response (OpenAI's retrieve and input_items.list take it).
+_NO_INCLUDE = Query(
+    "include",
+    {"type": "array", "items": {"type": "string"}},
+    refused="is not supported when reading a response: pass include when creating it (POST "
+    "/v1/responses); a read returns the response as it was stored.",
 )
 _BODY_ERRORS = (400, 413)
 
@@ -401,6 +413,12 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
                 {"type": "integer", "minimum": -1, "maximum": 2**62},
                 "With stream=true: the sequence number after which to resume.",
             ),
+            Query(
+                "include_obfuscation",
+                {"type": "boolean"},
+                "Accepted (the OpenAI SDK's retrieve sends it): no obfuscation field is ever added.",
+            ),
+            _NO_INCLUDE,
         ),
         streams=True,
         tags=("responses",),
@@ -422,7 +440,7 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         "List a response's input items.",
         "ItemList",
         (400, 404),
-        query=(_ORDER, _LIMIT, _AFTER),
+        query=(_ORDER, _LIMIT, _AFTER, _NO_INCLUDE),
         tags=("responses",),
     ),
     ("GET", _RESPONSE_ID + "/events"): Operation(
@@ -624,6 +642,8 @@ def _operation(
         for name in _path_names(path)
     ]
     for q in op.query:
+        if q.refused is not None:  # (answered with a 400 whatever its value)
+            continue
         param: dict[str, Any] = {
             "name": q.name,
             "in": "query",

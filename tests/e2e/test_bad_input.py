@@ -9,10 +9,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import openai
 import pytest
+from openai import OpenAI
 
 from app.encoding import load_encoding
 from app.engines.scripted import ScriptedEngine
+from app.openapi import OPERATIONS
 from app.settings import Settings
 from persistence.memory import MemoryStore
 from tests.e2e.conftest import MODEL
@@ -164,6 +167,100 @@ def test_query_parameters_are_checked(
     url = f"{ledger.base_url}/v1/responses/{made.json()['id']}{path}"
     error = _error(httpx.get(url, params=params), status)
     assert error["param"] == param
+
+
+def test_every_operation_refuses_a_query_parameter_it_does_not_take(
+    ledger: RunningServer,
+) -> None:
+    """A name the route does not know was ignored (a typo's ``starting_afer`` replayed the whole
+    log): now OpenAI's 400 ``unknown_parameter``, before the route runs, on every documented
+    operation (``app.query``; the document lists what each takes)."""
+    made = httpx.post(
+        ledger.base_url + "/v1/responses", json={"model": MODEL, "input": "hi"}, timeout=30
+    ).json()
+    for (method, path), operation in OPERATIONS.items():
+        url = ledger.base_url + path.format(
+            response_id=made["id"], conversation_id="conv_x", item_id="msg_x"
+        )
+        # (the first name it does not take is the one named: ``stream`` where it takes none)
+        takes_stream = any(q.name == "stream" for q in operation.query)
+        for params, name in (
+            ({"starting_afer": "3"}, "starting_afer"),
+            (
+                {"stream": "true", "starting_afer": "3"},
+                "starting_afer" if takes_stream else "stream",
+            ),
+        ):
+            answer = httpx.request(
+                method, url, params=params, json={"model": MODEL, "input": "hi"}, timeout=30
+            )
+            error = _error(answer, 400)
+            assert (error["param"], error["code"]) == (name, "unknown_parameter"), (method, path)
+            assert error["message"] == f"Unrecognized request argument supplied: {name}"
+    # POST /v1/responses with stream=true in the query (it belongs in the body): nothing made
+    error = _error(
+        httpx.post(
+            ledger.base_url + "/v1/responses",
+            params={"stream": "true"},
+            json={"model": MODEL, "input": "hi"},
+        ),
+        400,
+    )
+    assert error["param"] == "stream"
+
+
+@pytest.mark.parametrize(
+    ("path", "query", "param", "says"),
+    [
+        ("", "stream=true&stream=false", "stream", "given more than once"),
+        ("", "stream=true&starting_after=1&starting_after=2", "starting_after", "more than once"),
+        ("/input_items", "limit=1&limit=50", "limit", "given more than once"),
+        ("/input_items", "limit[]=1", "limit[]", "Unrecognized request argument"),
+        ("", "include[]=reasoning.encrypted_content", "include", "when creating it"),
+        ("/input_items", "include=message.input_image.image_url", "include", "when creating"),
+        ("", "include_obfuscation=maybe", "include_obfuscation", "expected 'true' or 'false'"),
+    ],
+)
+def test_a_query_parameter_given_twice_or_refused_says_why(
+    ledger: RunningServer, path: str, query: str, param: str, says: str
+) -> None:
+    made = httpx.post(
+        ledger.base_url + "/v1/responses", json={"model": MODEL, "input": "hi"}, timeout=30
+    ).json()
+    answer = httpx.get(f"{ledger.base_url}/v1/responses/{made['id']}{path}?{query}")
+    error = _error(answer, 400)
+    assert error["param"] == param and says in error["message"], error
+
+
+def test_the_sdk_query_parameters_taken_and_refused(client: OpenAI) -> None:
+    """Through the OpenAI SDK: what its methods send is taken (``include_obfuscation`` on a
+    retrieve, a conversation's ``include`` as ``include[]``, pages' ``after``/``limit``/``order``),
+    and an ``extra_query`` the route does not take is a 400 naming it."""
+    response = client.responses.create(model=MODEL, input="hi")
+    assert client.responses.retrieve(response.id, include_obfuscation=False).id == response.id
+    streamed = client.responses.retrieve(
+        response.id, stream=True, starting_after=1, include_obfuscation=True
+    )
+    numbers = [event.sequence_number for event in streamed]
+    assert numbers and numbers[0] == 2
+    page = client.responses.input_items.list(response.id, limit=1, order="asc")
+    assert len(page.data) == 1
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.responses.retrieve(response.id, extra_query={"starting_afer": 3})
+    assert caught.value.body["param"] == "starting_afer"  # type: ignore[index]
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.responses.input_items.list(response.id, include=["message.input_image.image_url"])
+    assert "when creating it" in caught.value.message
+    conversation = client.conversations.create(
+        items=[{"type": "message", "role": "user", "content": "hello"}]
+    )
+    items = client.conversations.items.list(
+        conversation.id, include=["message.input_image.image_url"], limit=5, order="asc"
+    )
+    assert [item.type for item in items.data] == ["message"]
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.conversations.retrieve(conversation.id, extra_query={"include": "x"})
+    assert caught.value.body["param"] == "include"  # type: ignore[index]
 
 
 IMPOSSIBLE_IDS = ["resp_%00x", "resp_%01", "%0A", "r" * 300, "resp_%E2%80%A8x"]

@@ -1,0 +1,115 @@
+"""Query parameters: an operation takes the ones its OpenAPI description lists, and no other.
+
+A name the route does not know was ignored before: ``GET /v1/responses/{id}?stream=true&
+starting_afer=5`` (a typo) replayed the whole log as if nothing had been asked, and ``POST
+/v1/responses?stream=true`` answered JSON. As a body's unknown field is OpenAI's 400
+``unknown_parameter``, so is a query's now, before the route runs: the names each operation
+takes are :data:`app.openapi.OPERATIONS`' (the document ``/openapi.json`` serves), so what is
+documented and what is accepted cannot drift apart. Also refused:
+
+- a parameter that takes one value, given more than once (``limit=5&limit=50``: which one
+  was meant?); a list (``include``) may repeat, spelled ``include`` or ``include[]`` (the
+  OpenAI SDK's form);
+- a parameter OpenAI's API takes that the operation refuses (``Query.refused``: ``include`` on
+  a read of a response), with its reason.
+
+Their values are the routes' to check (``app.http``, ``app.conversation_routes``). Routes
+outside the document (the audit page's HTML, ``include_in_schema=False``) keep their own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import BaseRoute, Match, Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from app.errors import APIError, error_body, unknown_parameter
+from app.openapi import OPERATIONS, Operation
+
+__all__ = ["QueryParameters", "refusal"]
+
+
+class _Taken:
+    """One operation's query names: each name, whether it is a list, and why it is refused."""
+
+    __slots__ = ("lists", "refused", "scalars")
+
+    def __init__(self, operation: Operation) -> None:
+        self.scalars: set[str] = set()
+        self.lists: set[str] = set()
+        self.refused: dict[str, str] = {}
+        for query in operation.query:
+            if query.refused is not None:
+                self.refused[query.name] = query.refused
+            elif query.schema.get("type") == "array":
+                self.lists.add(query.name)
+            else:
+                self.scalars.add(query.name)
+
+
+def refusal(operation: Operation, items: Iterable[tuple[str, str]]) -> APIError | None:
+    """The 400 for the first query parameter ``operation`` does not take (None: it takes them
+    all). ``items``: the query's names and values, in order, repeats included."""
+    taken = _Taken(operation)
+    seen: set[str] = set()
+    for given, _ in items:
+        name = given[:-2] if given.endswith("[]") else given
+        if name in taken.refused:
+            return APIError(
+                400, f"'{given}' {taken.refused[name]}", param=name, code="invalid_value"
+            )
+        if name in taken.lists:
+            continue
+        if given not in taken.scalars:
+            return unknown_parameter(given)
+        if given in seen:
+            return APIError(
+                400,
+                f"Invalid value for '{given}': it is given more than once; give it once.",
+                param=given,
+                code="invalid_value",
+            )
+        seen.add(given)
+    return None
+
+
+class QueryParameters:
+    """Middleware: answers a request whose query the matched operation does not take with the
+    400 of :func:`refusal`, before the route runs. ``routes``: the app's (matched as the
+    router matches them); ``operations``: what each ``(method, path)`` takes."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        routes: Iterable[BaseRoute],
+        operations: Mapping[tuple[str, str], Operation] = OPERATIONS,
+    ) -> None:
+        self.app = app
+        self._routes = [r for r in routes if isinstance(r, Route)]
+        self._operations = operations
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope.get("query_string"):
+            operation = self._operation(scope)
+            if operation is not None:
+                error = refusal(operation, Request(scope).query_params.multi_items())
+                if error is not None:
+                    answer = JSONResponse(
+                        error_body(error.message, error.type, error.param, error.code),
+                        status_code=error.status,
+                    )
+                    await answer(scope, receive, send)
+                    return
+        await self.app(scope, receive, send)
+
+    def _operation(self, scope: Scope) -> Operation | None:
+        """The operation the router will run for ``scope`` (None: none, or not documented)."""
+        method = "GET" if scope["method"] == "HEAD" else scope["method"]
+        for route in self._routes:
+            match, _ = route.matches(scope)
+            if match is Match.FULL:
+                return self._operations.get((method, route.path))
+        return None
