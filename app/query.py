@@ -14,20 +14,23 @@ documented and what is accepted cannot drift apart. Also refused:
   a read of a response), with its reason.
 
 Their values are the routes' to check (``app.http``, ``app.conversation_routes``). Routes
-outside the document (the audit page's HTML, ``include_in_schema=False``) keep their own.
+outside the document (the audit page's HTML, ``include_in_schema=False``) keep their own. The
+WebSocket on ``/v1/responses`` (``app.websocket``, which OpenAPI cannot describe) takes none: an
+upgrade with a query is refused as its HTTP request would be (``app.auth.refuse_upgrade``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
-from starlette.requests import Request
+from starlette.datastructures import QueryParams
 from starlette.responses import JSONResponse
-from starlette.routing import BaseRoute, Match, Route
+from starlette.routing import BaseRoute, Match, Route, WebSocketRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from app.auth import refuse_upgrade
 from app.errors import APIError, error_body, unknown_parameter
-from app.openapi import OPERATIONS, Operation
+from app.openapi import OPERATIONS, Operation, Query
 
 __all__ = ["QueryParameters", "refusal"]
 
@@ -37,11 +40,11 @@ class _Taken:
 
     __slots__ = ("lists", "refused", "scalars")
 
-    def __init__(self, operation: Operation) -> None:
+    def __init__(self, queries: Sequence[Query]) -> None:
         self.scalars: set[str] = set()
         self.lists: set[str] = set()
         self.refused: dict[str, str] = {}
-        for query in operation.query:
+        for query in queries:
             if query.refused is not None:
                 self.refused[query.name] = query.refused
             elif query.schema.get("type") == "array":
@@ -50,10 +53,11 @@ class _Taken:
                 self.scalars.add(query.name)
 
 
-def refusal(operation: Operation, items: Iterable[tuple[str, str]]) -> APIError | None:
-    """The 400 for the first query parameter ``operation`` does not take (None: it takes them
-    all). ``items``: the query's names and values, in order, repeats included."""
-    taken = _Taken(operation)
+def refusal(queries: Sequence[Query], items: Iterable[tuple[str, str]]) -> APIError | None:
+    """The 400 for the first query parameter an operation that takes ``queries`` does not take
+    (None: it takes them all). ``items``: the query's names and values, in order, repeats
+    included."""
+    taken = _Taken(queries)
     seen: set[str] = set()
     for given, _ in items:
         name = given[:-2] if given.endswith("[]") else given
@@ -88,14 +92,20 @@ class QueryParameters:
         operations: Mapping[tuple[str, str], Operation] = OPERATIONS,
     ) -> None:
         self.app = app
+        routes = list(routes)
         self._routes = [r for r in routes if isinstance(r, Route)]
+        self._sockets = [r for r in routes if isinstance(r, WebSocketRoute)]
         self._operations = operations
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope.get("query_string"):
-            operation = self._operation(scope)
-            if operation is not None:
-                error = refusal(operation, Request(scope).query_params.multi_items())
+        if scope.get("query_string"):
+            queries = self._queries(scope)
+            if queries is not None:
+                items = QueryParams(scope["query_string"]).multi_items()
+                error = refusal(queries, items)
+                if error is not None and scope["type"] == "websocket":
+                    await refuse_upgrade(scope, receive, send, error)
+                    return
                 if error is not None:
                     answer = JSONResponse(
                         error_body(error.message, error.type, error.param, error.code),
@@ -104,6 +114,17 @@ class QueryParameters:
                     await answer(scope, receive, send)
                     return
         await self.app(scope, receive, send)
+
+    def _queries(self, scope: Scope) -> Sequence[Query] | None:
+        """What the route the router will run for ``scope`` takes (None: no such route, or one
+        outside the document); a WebSocket route takes nothing."""
+        if scope["type"] == "websocket":
+            matched = any(r.matches(scope)[0] is Match.FULL for r in self._sockets)
+            return () if matched else None
+        if scope["type"] != "http":
+            return None
+        operation = self._operation(scope)
+        return None if operation is None else operation.query
 
     def _operation(self, scope: Scope) -> Operation | None:
         """The operation the router will run for ``scope`` (None: none, or not documented)."""

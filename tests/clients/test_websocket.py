@@ -356,6 +356,26 @@ def test_the_upgrade_needs_a_key_and_an_allowed_origin(
     assert events[-1].response.output_text == "Authorised."
 
 
+def test_an_upgrade_with_a_query_parameter_is_refused_naming_it(
+    ledger: RunningServer, client: OpenAI, engine: ScriptedEngine
+) -> None:
+    """The socket takes no query parameter (``app.query``): one was ignored; now the upgrade is
+    refused as its HTTP request would be, 400 ``unknown_parameter``, through the SDK too."""
+    url = ledger.base_url.replace("http", "ws") + "/v1/responses?model=" + MODEL
+    with pytest.raises(InvalidStatus) as refused:
+        websockets.sync.client.connect(url).close()
+    assert refused.value.response.status_code == 400
+    error = json.loads(refused.value.response.body)["error"]
+    assert (error["param"], error["code"]) == ("model", "unknown_parameter")
+    with pytest.raises(InvalidStatus) as through_sdk:
+        client.responses.connect(extra_query={"stream_id": "a"}).enter()
+    assert through_sdk.value.response.status_code == 400
+    engine.add_turns(_answer("No query."))
+    with client.responses.connect() as connection:
+        connection.response.create(model=MODEL, input="Plain.")
+        assert _until(connection, _terminal)[-1].type == "response.completed"
+
+
 def test_a_socket_outlives_the_header_timeout_and_frees_its_connection_slot(
     tmp_path: Any, engine: ScriptedEngine
 ) -> None:
