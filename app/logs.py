@@ -7,7 +7,10 @@ logger, for everything the process logs (uvicorn's lines too, under ``responses-
 :class:`RequestLog` writes one line per request when its exchange ends (a stream: when it
 ends; health checks and scrapes at DEBUG), logger ``app.requests``: method, path, HTTP status,
 duration, the caller's project and key id, and for a response its id, model, status, token
-counts and time to its first byte. A
+counts and time to its first byte; and ``request_id``, which every HTTP answer carries as its
+``x-request-id`` header, as OpenAI's do (``req_`` and 48 hex digits, ``app.ids``): the OpenAI SDK
+shows it on its errors (``APIStatusError.request_id``) and responses (``_request_id``), so a
+client's report finds its line. A
 request that failed (HTTP 5xx, or a response that ended ``failed``) is logged at ERROR with the
 response id and the error's code and message.
 
@@ -26,6 +29,7 @@ from typing import Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.config import LOG_LEVELS
 
+from app.ids import new_id
 from app.limits import CALLER
 
 __all__ = ["RUN", "JsonFormatter", "RequestLog", "configure"]
@@ -81,20 +85,24 @@ def configure(level: str, fmt: str) -> None:
 
 
 class RequestLog:
-    """ASGI middleware: the line per request (see the module docstring)."""
+    """ASGI middleware: the line per request, and each answer's ``x-request-id`` (see the
+    module docstring)."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not _requests.isEnabledFor(logging.ERROR):
+        if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        request_id = new_id("req")
+        header = (b"x-request-id", request_id.encode())
         started = time.perf_counter()
         seen: dict[str, float] = {}
 
         async def sending(message: Message) -> None:
             if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", ()), header]}
                 seen["status"] = message["status"]
                 seen["first_byte"] = time.perf_counter()
             await send(message)
@@ -102,13 +110,15 @@ class RequestLog:
         try:
             await self.app(scope, receive, sending)
         finally:
-            _log_request(scope, seen, started)
+            if _requests.isEnabledFor(logging.ERROR):
+                _log_request(scope, seen, started, request_id)
 
 
-def _log_request(scope: Scope, seen: dict[str, float], started: float) -> None:
+def _log_request(scope: Scope, seen: dict[str, float], started: float, request_id: str) -> None:
     status = int(seen.get("status", 500))
     line: dict[str, Any] = {
         "event": "request",
+        "request_id": request_id,
         "method": scope["method"],
         "path": scope["path"],
         "http_status": status,

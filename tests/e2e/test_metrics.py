@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -216,9 +217,9 @@ def test_one_json_line_per_request_without_keys_or_prompt_text(
     response = client.responses.create(
         model=MODEL, input=f"say {PROMPT_MARKER}", instructions=PROMPT_MARKER
     )
-    with pytest.raises(openai.AuthenticationError):
+    with pytest.raises(openai.AuthenticationError) as refusal:
         sdk(ADMIN + "x").responses.retrieve(response.id)
-    client.responses.retrieve(response.id)
+    read_back = client.responses.retrieve(response.id)
 
     text = "\n".join(log_lines)
     assert ledger.member_key not in text
@@ -240,3 +241,7 @@ def test_one_json_line_per_request_without_keys_or_prompt_text(
     assert refused["path"] == f"/v1/responses/{response.id}" and "key_id" not in refused
     read = [line for line in requests if line["method"] == "GET" and line["http_status"] == 200]
     assert read and read[-1]["response_id"] == response.id
+    # each answer's x-request-id, as the SDK shows it, is its line's request_id
+    ids = [response._request_id, refusal.value.request_id, read_back._request_id]
+    assert [created["request_id"], refused["request_id"], read[-1]["request_id"]] == ids
+    assert len(set(ids)) == 3 and all(re.fullmatch("req_[0-9a-f]{48}", i or "") for i in ids)
