@@ -32,7 +32,7 @@ from app.live import Run
 from app.logs import RUN
 from app.metrics import CONTENT_TYPE, Metrics
 from app.ownership import caller_of, scoped
-from app.service import ResponseService
+from app.service import ResponseService, model_not_found
 from app.sse import EventStream
 from app.ui import routes as ui_routes
 from app.websocket import routes as websocket_routes
@@ -217,17 +217,24 @@ async def list_events(request: Request) -> Response:
     return JSONResponse(await _service(request).events(_response_id(request)))
 
 
+def _model(name: str) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": 0, "owned_by": "responses-ledger"}
+
+
 async def list_models(request: Request) -> Response:
     service = _service(request)
-    return JSONResponse(
-        {
-            "object": "list",
-            "data": [
-                {"id": name, "object": "model", "created": 0, "owned_by": "responses-ledger"}
-                for name in service.model_names()
-            ],
-        }
-    )
+    return JSONResponse({"object": "list", "data": [_model(n) for n in service.model_names()]})
+
+
+async def retrieve_model(request: Request) -> Response:
+    """``GET /v1/models/{model}`` (the SDK's ``models.retrieve``): a served name or an alias, as
+    the list shows it; any other name is the 404 a request naming it gets. A name may hold a
+    ``/`` (``openai/gpt-oss-20b``, a Hugging Face id), sent as it is or as ``%2F``."""
+    name: str = request.path_params["model"]
+    service = _service(request)
+    if name not in service.model_names():
+        raise model_not_found(name)
+    return JSONResponse(_model(name))
 
 
 async def count_input_tokens(request: Request) -> Response:
@@ -361,6 +368,7 @@ routes: list[Route | WebSocketRoute] = [
     *conversation_routes,  # /v1/conversations (app.conversation_routes)
     *websocket_routes,  # WebSocket mode on /v1/responses (app.websocket)
     Route("/v1/models", guard(list_models), methods=["GET"]),
+    Route("/v1/models/{model:path}", guard(retrieve_model), methods=["GET"]),
     Route("/health", guard(health), methods=["GET"]),
     Route("/health/live", guard(live), methods=["GET"]),
     Route("/health/ready", guard(ready), methods=["GET"]),

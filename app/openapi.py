@@ -58,7 +58,16 @@ from app.conversations import CreateConversation, NewItems, UpdateConversation
 from app.input_tokens import FIELDS as INPUT_TOKEN_FIELDS
 from app.wire import CreateResponse
 
-__all__ = ["OPERATIONS", "SCHEMAS", "Operation", "Undocumented", "document", "serve", "served"]
+__all__ = [
+    "OPERATIONS",
+    "SCHEMAS",
+    "Operation",
+    "Undocumented",
+    "document",
+    "path_template",
+    "serve",
+    "served",
+]
 
 _REF = "#/components/schemas/"
 
@@ -261,6 +270,16 @@ SCHEMAS: dict[str, dict[str, Any]] = {
             "input_tokens": {"type": "integer", "minimum": 0},
         },
     },
+    "Model": {
+        "type": "object",
+        "required": ["id", "object", "created", "owned_by"],
+        "properties": {
+            "id": {"type": "string"},
+            "object": {"const": "model"},
+            "created": {"type": "integer"},
+            "owned_by": {"type": "string"},
+        },
+    },
     "ModelList": {
         "type": "object",
         "required": ["object", "data"],
@@ -268,16 +287,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
             "object": {"const": "list"},
             "data": {
                 "type": "array",
-                "items": {
-                    "type": "object",
-                    "required": ["id", "object", "created", "owned_by"],
-                    "properties": {
-                        "id": {"type": "string"},
-                        "object": {"const": "model"},
-                        "created": {"type": "integer"},
-                        "owned_by": {"type": "string"},
-                    },
-                },
+                "items": _ref("Model"),
             },
         },
     },
@@ -518,6 +528,12 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         tags=("conversations",),
     ),
     ("GET", "/v1/models"): Operation("The served models.", "ModelList", tags=("models",)),
+    ("GET", "/v1/models/{model}"): Operation(
+        "One served model (or alias) by its name; 404 model_not_found for any other.",
+        "Model",
+        (404,),
+        tags=("models",),
+    ),
     ("GET", "/health"): Operation(
         "200 when the server takes requests; 503 with the reason otherwise.",
         "Health",
@@ -560,12 +576,12 @@ def served(routes: Sequence[BaseRoute], prefix: str = "") -> Iterator[tuple[str,
                 continue
             for method in sorted(route.methods or ()):
                 if method != "HEAD":
-                    yield method, prefix + _template(route.path)
+                    yield method, prefix + path_template(route.path)
         elif isinstance(route, Mount):
             yield from served(route.routes, prefix + route.path)
 
 
-def _template(path: str) -> str:
+def path_template(path: str) -> str:
     """Starlette's ``{name:convertor}`` is OpenAPI's ``{name}``."""
     return "/".join(
         "{" + part[1:-1].split(":", 1)[0] + "}" if part.startswith("{") else part

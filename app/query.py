@@ -30,7 +30,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.auth import refuse_upgrade
 from app.errors import APIError, error_body, unknown_parameter
-from app.openapi import OPERATIONS, Operation, Query
+from app.openapi import OPERATIONS, Operation, Query, path_template
 
 __all__ = ["QueryParameters", "refusal"]
 
@@ -132,5 +132,5 @@ class QueryParameters:
         for route in self._routes:
             match, _ = route.matches(scope)
             if match is Match.FULL:
-                return self._operations.get((method, route.path))
+                return self._operations.get((method, path_template(route.path)))
         return None

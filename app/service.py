@@ -63,7 +63,7 @@ from persistence.errors import Fenced, NotFound, StoreError, StoreUnavailable
 from persistence.records import DEFAULT_PROJECT, AuditRecord, NewResponse, StoredEvent
 from persistence.store import REPLICAS_CHANNEL, EventStore
 
-__all__ = ["ResponseService", "normalize_input"]
+__all__ = ["ResponseService", "model_not_found", "normalize_input"]
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +96,16 @@ _TERMINAL_STATUSES = frozenset({"completed", "incomplete", "failed", "cancelled"
 
 def _now() -> int:
     return int(time.time())
+
+
+def model_not_found(name: str) -> APIError:
+    """OpenAI's 404 for a model this server does not serve (a request's ``model``, a retrieve)."""
+    return APIError(
+        404,
+        f"The model `{name}` does not exist or you do not have access to it.",
+        param="model",
+        code="model_not_found",
+    )
 
 
 class ResponseService:
@@ -189,12 +199,7 @@ class ResponseService:
             return name
         if name in self.settings.model_aliases:
             return self.settings.model_aliases[name]
-        raise APIError(
-            404,
-            f"The model `{name}` does not exist or you do not have access to it.",
-            param="model",
-            code="model_not_found",
-        )
+        raise model_not_found(name)
 
     # -- create ----------------------------------------------------------------------------------
 

@@ -180,7 +180,7 @@ def test_every_operation_refuses_a_query_parameter_it_does_not_take(
     ).json()
     for (method, path), operation in OPERATIONS.items():
         url = ledger.base_url + path.format(
-            response_id=made["id"], conversation_id="conv_x", item_id="msg_x"
+            response_id=made["id"], conversation_id="conv_x", item_id="msg_x", model=MODEL
         )
         # (the first name it does not take is the one named: ``stream`` where it takes none)
         takes_stream = any(q.name == "stream" for q in operation.query)

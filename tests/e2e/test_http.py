@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import pytest
 from openai import OpenAI
 from openai.types.responses import Response, ResponseStreamEvent
@@ -225,6 +226,33 @@ def test_models_and_health(ledger: RunningServer) -> None:
     models = httpx.get(ledger.base_url + "/v1/models").json()
     assert [m["id"] for m in models["data"]] == [MODEL, "gpt-oss-alias"]
     assert httpx.get(ledger.base_url + "/health").json() == {"status": "ok"}
+
+
+def test_a_model_retrieved_by_name_through_the_sdk(client: OpenAI, tmp_path: Path) -> None:
+    """``models.retrieve`` was 404 Invalid URL for every name: a served name and an alias are
+    the list's objects; another name is the 404 ``model_not_found`` a request naming it gets.
+    A Hugging Face name holds a ``/``: taken as it is and as ``%2F``."""
+    listed = {m.id: m for m in client.models.list().data}
+    for name in (MODEL, "gpt-oss-alias"):
+        assert client.models.retrieve(name) == listed[name]
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.models.retrieve("gpt-oss-nope")
+    assert missing.value.body["code"] == "model_not_found"  # type: ignore[index]
+    assert missing.value.body["param"] == "model"  # type: ignore[index]
+    hf = "openai/gpt-oss-test"
+    engine = ScriptedEngine(load_encoding(), [hf], {"turns": []})
+    settings = Settings(
+        engine="scripted",
+        database_url=f"sqlite+aiosqlite:///{tmp_path / 'r.db'}",
+        served_model_names=(hf,),
+    )
+    with serve(settings, engine=engine) as server:
+        for path in (hf, "openai%2Fgpt-oss-test"):
+            answer = httpx.get(f"{server.base_url}/v1/models/{path}")
+            assert answer.status_code == 200 and answer.json()["id"] == hf, answer.text
+        with OpenAI(base_url=server.base_url + "/v1", api_key="x", max_retries=0) as sdk:
+            assert sdk.models.retrieve(hf).id == hf
+        assert httpx.get(f"{server.base_url}/v1/models/openai").status_code == 404
 
 
 @pytest.mark.parametrize(
