@@ -25,6 +25,7 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
 
+from app import ui
 from app.auth import KeyAuth
 from app.browser import BrowserGuard, allowed_hosts
 from app.encoding import load_encoding
@@ -239,7 +240,7 @@ def create_app(
         Middleware(AuditGate),  # /ui: admins only when keys are required (app.ui)
         *([Middleware(ReplicaHeader)] if settings.frontends > 1 else []),
         # innermost: a query parameter the route does not take is a 400 before it runs
-        Middleware(QueryParameters, routes=routes),
+        Middleware(QueryParameters, routes=routes, pages=ui.QUERIES),
     ]
     app = _App(routes=routes, lifespan=lifespan, exception_handlers=handled, middleware=middleware)
     app.state.ready = False

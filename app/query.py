@@ -13,8 +13,9 @@ documented and what is accepted cannot drift apart. Also refused:
 - a parameter OpenAI's API takes that the operation refuses (``Query.refused``: ``include`` on
   a read of a response), with its reason.
 
-Their values are the routes' to check (``app.http``, ``app.conversation_routes``). Routes
-outside the document (the audit page's HTML, ``include_in_schema=False``) keep their own. The
+Their values are the routes' to check (``app.http``, ``app.conversation_routes``). The audit
+page's routes, outside the document (HTML for people), say what they take in ``app.ui.QUERIES``
+(a filter misspelt in the address, ``/ui?from=...`` for ``since``, showed every response). The
 WebSocket on ``/v1/responses`` (``app.websocket``, which OpenAPI cannot describe) takes none: an
 upgrade with a query is refused as its HTTP request would be (``app.auth.refuse_upgrade``).
 """
@@ -83,19 +84,22 @@ def refusal(queries: Sequence[Query], items: Iterable[tuple[str, str]]) -> APIEr
 class QueryParameters:
     """Middleware: answers a request whose query the matched operation does not take with the
     400 of :func:`refusal`, before the route runs. ``routes``: the app's (matched as the
-    router matches them); ``operations``: what each ``(method, path)`` takes."""
+    router matches them); ``operations``: what each ``(method, path)`` takes; ``pages``: what
+    each GET route outside the document takes, by path."""
 
     def __init__(
         self,
         app: ASGIApp,
         routes: Iterable[BaseRoute],
         operations: Mapping[tuple[str, str], Operation] = OPERATIONS,
+        pages: Mapping[str, Sequence[Query]] | None = None,
     ) -> None:
         self.app = app
         routes = list(routes)
         self._routes = [r for r in routes if isinstance(r, Route)]
         self._sockets = [r for r in routes if isinstance(r, WebSocketRoute)]
         self._operations = operations
+        self._pages = pages or {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope.get("query_string"):
@@ -123,14 +127,10 @@ class QueryParameters:
             return () if matched else None
         if scope["type"] != "http":
             return None
-        operation = self._operation(scope)
-        return None if operation is None else operation.query
-
-    def _operation(self, scope: Scope) -> Operation | None:
-        """The operation the router will run for ``scope`` (None: none, or not documented)."""
         method = "GET" if scope["method"] == "HEAD" else scope["method"]
         for route in self._routes:
-            match, _ = route.matches(scope)
-            if match is Match.FULL:
-                return self._operations.get((method, path_template(route.path)))
+            if route.matches(scope)[0] is Match.FULL:
+                path = path_template(route.path)
+                operation = self._operations.get((method, path))
+                return operation.query if operation is not None else self._pages.get(path)
         return None

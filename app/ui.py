@@ -48,11 +48,12 @@ from app.audit_log import log_lines
 from app.auth import serve_as
 from app.errors import APIError, guard, handle_exception, not_found
 from app.keys import OPEN_CALLER, Caller, KeyRing
+from app.openapi import OPERATIONS, Query
 from persistence.errors import NotFound, StoreError
 from persistence.listing import ResponseQuery
 from persistence.records import ResponseRow
 
-__all__ = ["AuditGate", "routes"]
+__all__ = ["QUERIES", "AuditGate", "routes"]
 
 PAGE_SIZE = 50
 STATUSES = ("queued", "in_progress", "completed", "incomplete", "failed", "cancelled")
@@ -473,24 +474,22 @@ async def resume_stream(request: Request) -> Response:
     return await get_response(request)
 
 
+_ONE = "/ui/responses/{response_id}"
 routes = [
     Route("/ui", guard(list_page), methods=["GET"], include_in_schema=False),
-    Route(
-        "/ui/responses/{response_id}",
-        guard(response_page),
-        methods=["GET"],
-        include_in_schema=False,
-    ),
-    Route(
-        "/ui/responses/{response_id}/log.jsonl",
-        guard(log_download),
-        methods=["GET"],
-        include_in_schema=False,
-    ),
-    Route(
-        "/ui/responses/{response_id}/stream",
-        guard(resume_stream),
-        methods=["GET"],
-        include_in_schema=False,
-    ),
+    Route(_ONE, guard(response_page), methods=["GET"], include_in_schema=False),
+    Route(_ONE + "/log.jsonl", guard(log_download), methods=["GET"], include_in_schema=False),
+    Route(_ONE + "/stream", guard(resume_stream), methods=["GET"], include_in_schema=False),
 ]
+
+#: The query parameters each page takes (``app.query`` refuses any other name, as it does for
+#: the API's operations): the list's filters and page; the resume its API twin's; the others none.
+QUERIES: dict[str, tuple[Query, ...]] = {
+    "/ui": tuple(
+        Query(name, {"type": "string"})
+        for name in ("status", "model", "project", "since", "until", "q", "page")
+    ),
+    _ONE: (),
+    _ONE + "/log.jsonl": (),
+    _ONE + "/stream": OPERATIONS["GET", "/v1/responses/{response_id}"].query,
+}

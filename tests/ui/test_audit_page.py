@@ -155,6 +155,30 @@ def test_the_page_is_for_admin_keys_only(ui_server: RunningServer, ui_db: tuple[
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "since"
 
 
+def test_a_filter_the_page_does_not_take_is_a_400_naming_it(
+    admin_client: OpenAI, ui_server: RunningServer
+) -> None:
+    """``/ui?from=...`` (the filter is ``since``) showed every response as if filtered; a
+    filter given twice took the last. Both are a 400 now, on every page (``app.ui.QUERIES``)."""
+    made = admin_client.responses.create(model=MODEL, input="query names")
+    with httpx.Client(base_url=ui_server.base_url, auth=("a", ADMIN_KEY), timeout=30) as http:
+        for path, query, param in (
+            ("/ui", "from=2026-12-01", "from"),
+            ("/ui", "status=completed&status=failed", "status"),
+            (f"/ui/responses/{made.id}", "raw=1", "raw"),
+            (f"/ui/responses/{made.id}/log.jsonl", "gzip=1", "gzip"),
+            (f"/ui/responses/{made.id}/stream", "stream=true&starting_afer=2", "starting_afer"),
+        ):
+            refused = http.get(f"{path}?{query}")
+            assert refused.status_code == 400, (path, query, refused.text)
+            assert refused.json()["error"]["param"] == param
+        assert made.id in http.get("/ui?status=completed&q=query+names").text
+        resumed = http.get(f"/ui/responses/{made.id}/stream?stream=true&starting_after=2")
+        assert resumed.status_code == 200
+        first = next(line for line in resumed.text.splitlines() if line.startswith("data: "))
+        assert json.loads(first.removeprefix("data: "))["sequence_number"] == 3
+
+
 def test_an_admin_sees_every_project(
     ui_server: RunningServer, ui_db: tuple[str, str], ui_engine: ScriptedEngine
 ) -> None:
