@@ -62,6 +62,7 @@ __all__ = [
     "OPERATIONS",
     "SCHEMAS",
     "Operation",
+    "Query",
     "Undocumented",
     "document",
     "path_template",

@@ -121,7 +121,7 @@ class QueryParameters:
 
     def _queries(self, scope: Scope) -> Sequence[Query] | None:
         """What the route the router will run for ``scope`` takes (None: no such route, or one
-        outside the document); a WebSocket route takes nothing."""
+        that says nothing of its query); a WebSocket route takes nothing."""
         if scope["type"] == "websocket":
             matched = any(r.matches(scope)[0] is Match.FULL for r in self._sockets)
             return () if matched else None
