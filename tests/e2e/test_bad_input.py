@@ -197,7 +197,7 @@ def test_every_operation_refuses_a_query_parameter_it_does_not_take(
             error = _error(answer, 400)
             assert (error["param"], error["code"]) == (name, "unknown_parameter"), (method, path)
             assert error["message"] == f"Unrecognized request argument supplied: {name}"
-    # POST /v1/responses with stream=true in the query (it belongs in the body): nothing made
+    # POST /v1/responses with stream=true in the query (it belongs in the body)
     error = _error(
         httpx.post(
             ledger.base_url + "/v1/responses",
