@@ -169,7 +169,12 @@ PARAMETERS: tuple[Parameter, ...] = (
         "Echoed; gpt-oss writes one call per turn (generation stops at `<|call|>`), "
         "so a response holds at most one call either way.",
     ),
-    Parameter("previous_response_id", "honoured", "The chain's logs are replayed into the prompt."),
+    Parameter(
+        "previous_response_id",
+        "honoured",
+        "The chain's logs are replayed into the prompt; a response still generating gives its "
+        "input and the output items it has finished.",
+    ),
     Parameter(
         "prompt",
         "refused",

@@ -228,6 +228,36 @@ def test_models_and_health(ledger: RunningServer) -> None:
     assert httpx.get(ledger.base_url + "/health").json() == {"status": "ok"}
 
 
+def test_a_previous_response_still_generating_gives_what_it_has_finished(
+    client: OpenAI, engine: ScriptedEngine
+) -> None:
+    """``previous_response_id`` naming a response that is still generating (a fast client may
+    send its next turn between an item's done event and the response's end): the history is
+    its input and the output items it has finished, never the one it is still writing."""
+    engine.add_turns(
+        {
+            "completion": harmony(("commentary", "Preamble done."), ("final", "slow " * 300)),
+            "token_delay_ms": 20,
+        },
+        {"completion": harmony(("final", "Chained."))},
+    )
+    first = client.responses.create(model=MODEL, input="Start something long.", background=True)
+    deadline = time.monotonic() + 60
+    while not [
+        item for item in client.responses.retrieve(first.id).output if item.status == "completed"
+    ]:
+        assert time.monotonic() < deadline, "the first item never finished"
+        time.sleep(0.05)
+    second = client.responses.create(model=MODEL, input="And now?", previous_response_id=first.id)
+    assert second.output_text == "Chained."
+    prompt = load_encoding().decode_utf8(engine.prompts[-1])
+    assert "Start something long." in prompt and "Preamble done." in prompt
+    assert "slow" not in prompt
+    assert prompt.index("Preamble done.") < prompt.index("And now?")
+    assert client.responses.retrieve(first.id).status == "in_progress"
+    assert client.responses.cancel(first.id).status == "cancelled"
+
+
 def test_a_model_retrieved_by_name_through_the_sdk(client: OpenAI, tmp_path: Path) -> None:
     """``models.retrieve`` was 404 Invalid URL for every name: a served name and an alias are
     the list's objects; another name is the 404 ``model_not_found`` a request naming it gets.
