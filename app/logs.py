@@ -7,8 +7,8 @@ logger, for everything the process logs (uvicorn's lines too, under ``responses-
 :class:`RequestLog` writes one line per request when its exchange ends (a stream: when it
 ends; health checks and scrapes at DEBUG), logger ``app.requests``: method, path, HTTP status,
 duration, the caller's project and key id, and for a response its id, model, status, token
-counts and time to its first byte; and ``request_id``, which every HTTP answer carries as its
-``x-request-id`` header, as OpenAI's do (``req_`` and 48 hex digits, ``app.ids``): the OpenAI SDK
+counts and time to its first byte; and ``request_id``, which every HTTP answer (a WebSocket
+upgrade's too) carries as its ``x-request-id`` header, as OpenAI's do (``req_`` and 48 hex digits, ``app.ids``): the OpenAI SDK
 shows it on its errors (``APIStatusError.request_id``) and responses (``_request_id``), so a
 client's report finds its line. A
 request that failed (HTTP 5xx, or a response that ended ``failed``) is logged at ERROR with the
@@ -92,6 +92,9 @@ class RequestLog:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket":  # its upgrade's answer, accepted or refused
+            await self.app(scope, receive, _with_request_id(send))
+            return
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -112,6 +115,19 @@ class RequestLog:
         finally:
             if _requests.isEnabledFor(logging.ERROR):
                 _log_request(scope, seen, started, request_id)
+
+
+def _with_request_id(send: Send) -> Send:
+    """``send`` for a WebSocket: its upgrade's answer (the accept, or the HTTP refusal) carries
+    an ``x-request-id`` as every HTTP answer does."""
+    header = (b"x-request-id", new_id("req").encode())
+
+    async def sending(message: Message) -> None:
+        if message["type"] in ("websocket.accept", "websocket.http.response.start"):
+            message = {**message, "headers": [*message.get("headers", ()), header]}
+        await send(message)
+
+    return sending
 
 
 def _log_request(scope: Scope, seen: dict[str, float], started: float, request_id: str) -> None:

@@ -9,6 +9,7 @@ against what HTTP says about the same response: the log (``/events``), ``GET``, 
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -367,6 +368,12 @@ def test_an_upgrade_with_a_query_parameter_is_refused_naming_it(
     assert refused.value.response.status_code == 400
     error = json.loads(refused.value.response.body)["error"]
     assert (error["param"], error["code"]) == ("model", "unknown_parameter")
+    # the upgrade's answer, refused or accepted, carries an x-request-id as every HTTP answer
+    refused_id = refused.value.response.headers["x-request-id"]
+    with websockets.sync.client.connect(url.split("?")[0]) as ws:
+        accepted_id = ws.response.headers["x-request-id"]
+    assert refused_id != accepted_id
+    assert all(re.fullmatch("req_[0-9a-f]{48}", i) for i in (refused_id, accepted_id))
     with pytest.raises(InvalidStatus) as through_sdk:
         client.responses.connect(extra_query={"stream_id": "a"}).enter()
     assert through_sdk.value.response.status_code == 400
