@@ -1,6 +1,9 @@
 """Reading, parsing and checking a JSON request body: what cannot be stored or rendered is a 400.
 
-A body is read up to ``max_body_bytes`` (413 beyond), parsed, and then refused with a 400 that
+A body is read up to ``max_body_bytes`` (413 beyond; sent compressed, ``Content-Encoding`` other
+than ``identity``, a 415 that names the coding, with ``Accept-Encoding: identity``: it was read as
+JSON text and refused as text that does not parse, which said nothing of why), parsed, and then
+refused with a 400 that
 names the parameter (``param`` is the JSON path, as pydantic's errors are written:
 ``metadata.k``, ``input[0].content``, ``tools[3].parameters.properties.x``) when it holds
 anything that would fail later, in a place that answers 500 or harms other requests:
@@ -66,7 +69,17 @@ class _BadNumber(str):
 
 
 async def read_body(request: Request, limit: int) -> bytes:
-    """The raw body; 413 when it is (or says it is) larger than ``limit`` bytes."""
+    """The raw body; 413 when it is (or says it is) larger than ``limit`` bytes, 415 when it is
+    sent compressed."""
+    coding = request.headers.get("content-encoding", "").strip()
+    if coding.lower() not in ("", "identity"):
+        raise APIError(
+            415,
+            f"The request body must be sent uncompressed: Content-Encoding '{coding}' is not "
+            "supported.",
+            code="unsupported_media_type",
+            headers={"Accept-Encoding": "identity"},
+        )
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise _too_large(limit)

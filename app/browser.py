@@ -7,9 +7,6 @@ ways in, before any route (or key check) runs:
   a cross-origin ``text/plain`` (or form) POST without asking the browser first (a "simple"
   request, no CORS preflight); an ``application/json`` one needs a preflight, which is refused
   unless CORS allows the page's origin. So the blind cross-site POST never reaches a route.
-  A body sent compressed (``Content-Encoding`` other than ``identity``) is a 415 too, with
-  ``Accept-Encoding: identity``: it would otherwise be read as JSON text and refused as text
-  that does not parse (gzip's first byte is not UTF-8), which says nothing of why.
 - **A Host allow-list** (400 otherwise): DNS rebinding points a page's own name at 127.0.0.1,
   after which the browser treats the server as same-origin, but it still sends the page's name
   as ``Host``. The default, when bound to loopback, is the loopback names only; bound
@@ -73,7 +70,7 @@ class BrowserGuard:
         await self.app(scope, receive, send)
 
     def _check(self, scope: Scope) -> APIError | None:
-        host = origin = content_type = length = chunked = coding = None
+        host = origin = content_type = length = chunked = None
         for name, value in scope["headers"]:
             if name == b"host":
                 host = value
@@ -85,8 +82,6 @@ class BrowserGuard:
                 length = value
             elif name == b"transfer-encoding":
                 chunked = value
-            elif name == b"content-encoding":
-                coding = value
         if self._hosts is not None and _host_name(host) not in self._hosts:
             return APIError(
                 400,
@@ -116,21 +111,6 @@ class BrowserGuard:
                 415,
                 "The request body must be JSON, sent with 'Content-Type: application/json'.",
                 code="unsupported_media_type",
-            )
-        if (
-            scope["type"] == "http"
-            and scope["method"] in _BODY_METHODS
-            and has_body
-            and coding is not None
-            and coding.strip().lower() not in (b"", b"identity")
-        ):
-            shown = coding.decode("latin-1").strip()
-            return APIError(
-                415,
-                f"The request body must be sent uncompressed: Content-Encoding '{shown}' is not "
-                "supported.",
-                code="unsupported_media_type",
-                headers={"Accept-Encoding": "identity"},
             )
         return None
 

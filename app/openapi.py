@@ -14,7 +14,8 @@ served, never a second list kept by hand) and from :data:`OPERATIONS`, which say
 - response bodies are JSON Schemas of what the routes return (the Response object, OpenAI's
   ``{"error": {...}}``, list pages, deleted objects), written here: the server builds those as
   plain dicts. Each operation lists the error statuses it can answer; every route can also
-  answer ``app.browser``'s 400 (Host), 403 (Origin) and, for a POST, 415 (not JSON); every
+  answer ``app.browser``'s 400 (Host), 403 (Origin) and, for a POST, 415 (not JSON, or, from
+  ``app.body``, compressed); every
   ``/v1`` one 401 (keys on), 429 (a key's limits), 500 and 503 (the database unavailable,
   starting).
 
@@ -755,7 +756,7 @@ def _responses(op: Operation, method: str, *, api: bool, keys_required: bool) ->
         }
     statuses = set(op.errors) | {400, 403}  # app.browser's Host and Origin checks, on every route
     if method == "POST":
-        statuses.add(415)  # a body that is not sent as application/json (app.browser)
+        statuses.add(415)  # not sent as application/json (app.browser), or compressed (app.body)
     if api:
         statuses |= {429, 500, 503}
         if keys_required:
@@ -785,7 +786,7 @@ _STATUS_TEXT = {
     404: "Not found (another project's object is indistinguishable from a missing one).",
     409: "Conflicting state (not ready yet, or being generated elsewhere).",
     413: "The body is larger than the server takes.",
-    415: "A body not sent with Content-Type: application/json.",
+    415: "A body not sent with Content-Type: application/json, or sent compressed.",
     429: "The key's rate or stream limit.",
     500: "A server error.",
     503: "The database cannot be used, or the server is starting.",

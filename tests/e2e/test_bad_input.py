@@ -4,7 +4,10 @@ JSON on a connection that stays usable (issue 14, point 4), over a real socket."
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
+import sqlite3
+import zlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -261,6 +264,37 @@ def test_the_sdk_query_parameters_taken_and_refused(client: OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as caught:
         client.conversations.retrieve(conversation.id, extra_query={"include": "x"})
     assert caught.value.body["param"] == "include"  # type: ignore[index]
+
+
+def _stored(server: RunningServer) -> int:
+    url = server.app.state.settings.database_url
+    with sqlite3.connect(url.split("///", 1)[1]) as db:
+        return int(db.execute("SELECT count(*) FROM responses").fetchone()[0])
+
+
+def test_a_compressed_body_is_415_and_says_so(ledger: RunningServer) -> None:
+    """A gzip body was read as JSON text: a 400 "could not parse the JSON body ... can't decode
+    byte 0x8b", which said nothing of why. Every route that reads a body reads it the same way
+    (``app.body``)."""
+    url = ledger.base_url + "/v1/responses"
+    body = json.dumps({"model": MODEL, "input": "compressed"}).encode()
+    before = _stored(ledger)
+    json_type = {"Content-Type": "application/json"}
+    for coding, content in (("gzip", gzip.compress(body)), ("deflate", zlib.compress(body))):
+        answer = httpx.post(url, content=content, headers={**json_type, "Content-Encoding": coding})
+        assert _error(answer, 415)["code"] == "unsupported_media_type"
+        assert f"Content-Encoding '{coding}' is not supported" in answer.json()["error"]["message"]
+        assert answer.headers["accept-encoding"] == "identity"
+    conversation = httpx.post(
+        ledger.base_url + "/v1/conversations",
+        content=gzip.compress(b"{}"),
+        headers={**json_type, "Content-Encoding": "gzip"},
+    )
+    assert _error(conversation, 415)["code"] == "unsupported_media_type"
+    assert _stored(ledger) == before
+    plain = httpx.post(url, content=body, headers={**json_type, "Content-Encoding": "identity"})
+    assert plain.status_code == 200, plain.text
+    assert _stored(ledger) == before + 1
 
 
 IMPOSSIBLE_IDS = ["resp_%00x", "resp_%01", "%0A", "r" * 300, "resp_%E2%80%A8x"]

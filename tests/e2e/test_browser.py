@@ -4,9 +4,7 @@
 
 from __future__ import annotations
 
-import gzip
 import sqlite3
-import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -71,23 +69,6 @@ def test_a_body_that_is_not_json_is_415_and_stores_nothing(local: RunningServer)
     rid = ok.json()["id"]
     # a POST without a body (cancel) needs no content type
     assert httpx.post(f"{url}/{rid}/cancel").status_code == 400  # not background, not 415
-
-
-def test_a_compressed_body_is_415_and_says_so(local: RunningServer) -> None:
-    """A gzip body was read as JSON text: a 400 "could not parse the JSON body ... can't decode
-    byte 0x8b", which said nothing of why."""
-    url = local.base_url + "/v1/responses"
-    before = _stored(local)
-    json_type = {"Content-Type": "application/json"}
-    for coding, content in (("gzip", gzip.compress(BODY)), ("deflate", zlib.compress(BODY))):
-        answer = httpx.post(url, content=content, headers={**json_type, "Content-Encoding": coding})
-        assert _code(answer, 415) == "unsupported_media_type"
-        assert f"Content-Encoding '{coding}' is not supported" in answer.json()["error"]["message"]
-        assert answer.headers["accept-encoding"] == "identity"
-    assert _stored(local) == before
-    plain = httpx.post(url, content=BODY, headers={**json_type, "Content-Encoding": "identity"})
-    assert plain.status_code == 200, plain.text
-    assert _stored(local) == before + 1
 
 
 def test_only_loopback_host_names_when_bound_to_loopback(local: RunningServer) -> None:
