@@ -33,11 +33,12 @@ from app.auth import refuse_upgrade
 from app.errors import APIError, error_body, unknown_parameter
 from app.openapi import OPERATIONS, Operation, Query, path_template
 
-__all__ = ["QueryParameters", "refusal"]
+__all__ = ["QueryParameters"]
 
 
 class _Taken:
-    """One operation's query names: each name, whether it is a list, and why it is refused."""
+    """The query parameters one route takes: each name, whether it is a list, and why it is
+    refused (built once a route, when the middleware is)."""
 
     __slots__ = ("lists", "refused", "scalars")
 
@@ -53,37 +54,37 @@ class _Taken:
             else:
                 self.scalars.add(query.name)
 
+    def refusal(self, items: Iterable[tuple[str, str]]) -> APIError | None:
+        """The 400 for the first of ``items`` (the query's names and values, in order, repeats
+        included) that this route does not take; None when it takes them all."""
+        seen: set[str] = set()
+        for given, _ in items:
+            name = given[:-2] if given.endswith("[]") else given
+            if name in self.refused:
+                return APIError(
+                    400, f"'{given}' {self.refused[name]}", param=name, code="invalid_value"
+                )
+            if name in self.lists:
+                continue
+            if given not in self.scalars:
+                return unknown_parameter(given)
+            if given in seen:
+                return APIError(
+                    400,
+                    f"Invalid value for '{given}': it is given more than once; give it once.",
+                    param=given,
+                    code="invalid_value",
+                )
+            seen.add(given)
+        return None
 
-def refusal(queries: Sequence[Query], items: Iterable[tuple[str, str]]) -> APIError | None:
-    """The 400 for the first query parameter an operation that takes ``queries`` does not take
-    (None: it takes them all). ``items``: the query's names and values, in order, repeats
-    included."""
-    taken = _Taken(queries)
-    seen: set[str] = set()
-    for given, _ in items:
-        name = given[:-2] if given.endswith("[]") else given
-        if name in taken.refused:
-            return APIError(
-                400, f"'{given}' {taken.refused[name]}", param=name, code="invalid_value"
-            )
-        if name in taken.lists:
-            continue
-        if given not in taken.scalars:
-            return unknown_parameter(given)
-        if given in seen:
-            return APIError(
-                400,
-                f"Invalid value for '{given}': it is given more than once; give it once.",
-                param=given,
-                code="invalid_value",
-            )
-        seen.add(given)
-    return None
+
+_NOTHING = _Taken(())
 
 
 class QueryParameters:
-    """Middleware: answers a request whose query the matched operation does not take with the
-    400 of :func:`refusal`, before the route runs. ``routes``: the app's (matched as the
+    """Middleware: answers a request whose query the matched route does not take with the
+    400 of :meth:`_Taken.refusal`, before the route runs. ``routes``: the app's (matched as the
     router matches them); ``operations``: what each ``(method, path)`` takes; ``pages``: what
     each GET route outside the document takes, by path."""
 
@@ -95,18 +96,29 @@ class QueryParameters:
         pages: Mapping[str, Sequence[Query]] | None = None,
     ) -> None:
         self.app = app
-        routes = list(routes)
-        self._routes = [r for r in routes if isinstance(r, Route)]
+        routes, pages = list(routes), pages or {}
         self._sockets = [r for r in routes if isinstance(r, WebSocketRoute)]
-        self._operations = operations
-        self._pages = pages or {}
+        # each HTTP route with what it takes by method (HEAD: its GET's); one that says nothing
+        # of its query is left out
+        self._routes: list[tuple[Route, dict[str, _Taken]]] = []
+        for route in (r for r in routes if isinstance(r, Route)):
+            path = path_template(route.path)
+            taken = {
+                method: _Taken(operations[method, path].query)
+                for method in route.methods or ()
+                if (method, path) in operations
+            }
+            if not taken and path in pages:
+                taken = {"GET": _Taken(pages[path])}
+            if "GET" in taken:
+                taken["HEAD"] = taken["GET"]
+            self._routes.append((route, taken))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope.get("query_string"):
-            queries = self._queries(scope)
-            if queries is not None:
-                items = QueryParams(scope["query_string"]).multi_items()
-                error = refusal(queries, items)
+            taken = self._taken(scope)
+            if taken is not None:
+                error = taken.refusal(QueryParams(scope["query_string"]).multi_items())
                 if error is not None and scope["type"] == "websocket":
                     await refuse_upgrade(scope, receive, send, error)
                     return
@@ -119,18 +131,15 @@ class QueryParameters:
                     return
         await self.app(scope, receive, send)
 
-    def _queries(self, scope: Scope) -> Sequence[Query] | None:
+    def _taken(self, scope: Scope) -> _Taken | None:
         """What the route the router will run for ``scope`` takes (None: no such route, or one
         that says nothing of its query); a WebSocket route takes nothing."""
         if scope["type"] == "websocket":
             matched = any(r.matches(scope)[0] is Match.FULL for r in self._sockets)
-            return () if matched else None
+            return _NOTHING if matched else None
         if scope["type"] != "http":
             return None
-        method = "GET" if scope["method"] == "HEAD" else scope["method"]
-        for route in self._routes:
+        for route, taken in self._routes:
             if route.matches(scope)[0] is Match.FULL:
-                path = path_template(route.path)
-                operation = self._operations.get((method, path))
-                return operation.query if operation is not None else self._pages.get(path)
+                return taken.get(scope["method"])
         return None
