@@ -25,6 +25,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from app.errors import APIError, error_body, handle_exception, to_api_error
 from app.keys import OPEN_CALLER, Caller, KeyRing
 from app.limits import CALLER, RELEASE, KeyLimits
+from app.logs import request_id_headers
 from persistence.errors import StoreError
 
 __all__ = ["KeyAuth", "refuse_upgrade", "serve_as"]
@@ -132,11 +133,13 @@ async def refuse_upgrade(scope: Scope, receive: Receive, send: Send, err: APIErr
     JSON error (the ASGI denial response, which uvicorn serves). A server without it gets the
     socket accepted, the error as an ``error`` message, and a close with code 1008."""
     body = error_body(err.message, err.type, err.param, err.code)
+    stamp = request_id_headers(scope)
     if "websocket.http.response" in scope.get("extensions", {}):
-        await JSONResponse(body, status_code=err.status, headers=err.headers)(scope, receive, send)
+        headers = {**(err.headers or {}), **{k.decode(): v.decode() for k, v in stamp}}
+        await JSONResponse(body, status_code=err.status, headers=headers)(scope, receive, send)
         return
     await receive()  # websocket.connect
-    await send({"type": "websocket.accept"})
+    await send({"type": "websocket.accept", "headers": stamp})
     event = {"type": "error", "status": err.status, "error": body["error"]}
     await send({"type": "websocket.send", "text": json.dumps(event)})
     await send({"type": "websocket.close", "code": 1008, "reason": err.message[:120]})

@@ -32,10 +32,12 @@ from uvicorn.config import LOG_LEVELS
 from app.ids import new_id
 from app.limits import CALLER
 
-__all__ = ["RUN", "JsonFormatter", "RequestLog", "configure"]
+__all__ = ["REQUEST_ID", "RUN", "JsonFormatter", "RequestLog", "configure", "request_id_headers"]
 
 #: Where ``POST /v1/responses`` leaves its run for the request's log line.
 RUN = "ledger.run"
+#: A WebSocket upgrade's request id, its answer's ``x-request-id`` (set by ``RequestLog``).
+REQUEST_ID = "ledger.request_id"
 
 _requests = logging.getLogger("app.requests")
 _PROBES = ("/health", "/metrics")
@@ -92,10 +94,10 @@ class RequestLog:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "websocket":  # its upgrade's answer, accepted or refused
-            await self.app(scope, receive, _with_request_id(send))
-            return
-        if scope["type"] != "http":
+        kind = scope["type"]
+        if kind == "websocket":  # its upgrade's answer carries the id (request_id_headers)
+            scope[REQUEST_ID] = new_id("req")
+        if kind != "http":
             await self.app(scope, receive, send)
             return
         request_id = new_id("req")
@@ -117,17 +119,12 @@ class RequestLog:
                 _log_request(scope, seen, started, request_id)
 
 
-def _with_request_id(send: Send) -> Send:
-    """``send`` for a WebSocket: its upgrade's answer (the accept, or the HTTP refusal) carries
-    an ``x-request-id`` as every HTTP answer does."""
-    header = (b"x-request-id", new_id("req").encode())
-
-    async def sending(message: Message) -> None:
-        if message["type"] in ("websocket.accept", "websocket.http.response.start"):
-            message = {**message, "headers": [*message.get("headers", ()), header]}
-        await send(message)
-
-    return sending
+def request_id_headers(scope: Scope) -> list[tuple[bytes, bytes]]:
+    """The ``x-request-id`` header of a WebSocket upgrade's answer, for whoever answers it
+    (``app.websocket``'s accept, ``app.auth.refuse_upgrade``): its ``send`` is not wrapped as
+    an HTTP request's is, so no message of the socket's pays for the header."""
+    request_id = scope.get(REQUEST_ID)
+    return [(b"x-request-id", request_id.encode())] if request_id else []
 
 
 def _log_request(scope: Scope, seen: dict[str, float], started: float, request_id: str) -> None:

@@ -58,6 +58,7 @@ from app.errors import APIError, to_api_error
 from app.ids import new_id
 from app.keys import Caller
 from app.limits import CALLER, KeyLimits
+from app.logs import request_id_headers
 from app.prompting import normalize_input
 from app.service import ResponseService
 from app.wire import CreateResponse
@@ -137,7 +138,7 @@ class ResponsesSocket:
         self._local: dict[str, tuple[str | None, list[dict[str, Any]]]] = {}
 
     async def serve(self) -> None:
-        await self.ws.accept()
+        await self.ws.accept(headers=request_id_headers(self.ws.scope))
         try:
             while True:
                 message = await self.ws.receive()
