@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
-import sqlite3
 import zlib
 from collections.abc import Iterator
 from typing import Any
@@ -266,19 +265,13 @@ def test_the_sdk_query_parameters_taken_and_refused(client: OpenAI) -> None:
     assert caught.value.body["param"] == "include"  # type: ignore[index]
 
 
-def _stored(server: RunningServer) -> int:
-    url = server.app.state.settings.database_url
-    with sqlite3.connect(url.split("///", 1)[1]) as db:
-        return int(db.execute("SELECT count(*) FROM responses").fetchone()[0])
-
-
 def test_a_compressed_body_is_415_and_says_so(ledger: RunningServer) -> None:
     """A gzip body was read as JSON text: a 400 "could not parse the JSON body ... can't decode
     byte 0x8b", which said nothing of why. Every route that reads a body reads it the same way
     (``app.body``)."""
     url = ledger.base_url + "/v1/responses"
     body = json.dumps({"model": MODEL, "input": "compressed"}).encode()
-    before = _stored(ledger)
+    before = ledger.stored_responses()
     json_type = {"Content-Type": "application/json"}
     for coding, content in (("gzip", gzip.compress(body)), ("deflate", zlib.compress(body))):
         answer = httpx.post(url, content=content, headers={**json_type, "Content-Encoding": coding})
@@ -291,10 +284,10 @@ def test_a_compressed_body_is_415_and_says_so(ledger: RunningServer) -> None:
         headers={**json_type, "Content-Encoding": "gzip"},
     )
     assert _error(conversation, 415)["code"] == "unsupported_media_type"
-    assert _stored(ledger) == before
+    assert ledger.stored_responses() == before
     plain = httpx.post(url, content=body, headers={**json_type, "Content-Encoding": "identity"})
     assert plain.status_code == 200, plain.text
-    assert _stored(ledger) == before + 1
+    assert ledger.stored_responses() == before + 1
 
 
 IMPOSSIBLE_IDS = ["resp_%00x", "resp_%01", "%0A", "r" * 300, "resp_%E2%80%A8x"]

@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -37,12 +36,6 @@ def local(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
         yield server
 
 
-def _stored(server: RunningServer) -> int:
-    url = server.app.state.settings.database_url
-    with sqlite3.connect(url.split("///", 1)[1]) as db:
-        return int(db.execute("SELECT count(*) FROM responses").fetchone()[0])
-
-
 def _code(r: httpx.Response, status: int) -> str:
     assert r.status_code == status, (r.status_code, r.text)
     return str(r.json()["error"]["code"])
@@ -50,7 +43,7 @@ def _code(r: httpx.Response, status: int) -> str:
 
 def test_a_body_that_is_not_json_is_415_and_stores_nothing(local: RunningServer) -> None:
     url = local.base_url + "/v1/responses"
-    before = _stored(local)
+    before = local.stored_responses()
     for content_type in (
         "text/plain",
         "text/plain;charset=UTF-8",
@@ -62,10 +55,10 @@ def test_a_body_that_is_not_json_is_415_and_stores_nothing(local: RunningServer)
         assert (
             _code(httpx.post(url, content=BODY, headers=headers), 415) == "unsupported_media_type"
         )
-    assert _stored(local) == before
+    assert local.stored_responses() == before
     ok = httpx.post(url, content=BODY, headers={"Content-Type": "application/json; charset=utf-8"})
     assert ok.status_code == 200, ok.text
-    assert _stored(local) == before + 1
+    assert local.stored_responses() == before + 1
     rid = ok.json()["id"]
     # a POST without a body (cancel) needs no content type
     assert httpx.post(f"{url}/{rid}/cancel").status_code == 400  # not background, not 415
@@ -85,7 +78,7 @@ def test_only_loopback_host_names_when_bound_to_loopback(local: RunningServer) -
 
 def test_no_cors_by_default_and_a_foreign_origin_is_refused(local: RunningServer) -> None:
     url = local.base_url + "/v1/responses"
-    before = _stored(local)
+    before = local.stored_responses()
     for origin in ("https://attacker.example", "null", "http://localhost:3000"):
         posted = httpx.post(
             url, content=BODY, headers={"Origin": origin, "Content-Type": "application/json"}
@@ -98,7 +91,7 @@ def test_no_cors_by_default_and_a_foreign_origin_is_refused(local: RunningServer
         assert (
             preflight.status_code >= 400 and "access-control-allow-origin" not in preflight.headers
         )
-    assert _stored(local) == before
+    assert local.stored_responses() == before
     plain = httpx.get(local.base_url + "/v1/models")
     assert plain.status_code == 200 and "access-control-allow-origin" not in plain.headers
 

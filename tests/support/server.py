@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import sqlite3
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -37,6 +38,12 @@ class RunningServer:
     @property
     def service(self) -> Any:
         return self.app.state.service
+
+    def stored_responses(self) -> int:
+        """The rows of its SQLite database's ``responses`` table, read as an operator would."""
+        url: str = self.app.state.settings.database_url
+        with sqlite3.connect(url.split("///", 1)[1]) as db:
+            return int(db.execute("SELECT count(*) FROM responses").fetchone()[0])
 
 
 @contextlib.contextmanager
